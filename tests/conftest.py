@@ -1,0 +1,22 @@
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# An installed pinstage wins; an in-place build in the checkout is found otherwise.
+if ROOT not in sys.path:
+    sys.path.append(ROOT)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: large sizes (1M elements); deselect with -m 'not slow'")
+    config.addinivalue_line("markers", "cuda: needs a CUDA device")
+
+
+@pytest.fixture
+def rng(request):
+    """A random.Random seeded from the test's id, so every run of a test sees the same values."""
+    from staging_reference import seeded_rng
+
+    return seeded_rng(request.node.nodeid)

@@ -1,0 +1,774 @@
+"""Staging onto the GPU: values, no host/device synchronisation, and the ring's reuse invariant.
+
+The race tests keep the stream busy with torch.cuda._sleep so that every copy is still queued while
+the host stages thousands more through a ring of a few KiB: a region written again before its copy
+ran would show up as a wrong value once the GPU catches up. Every expectation is torch.tensor's.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("CUDA is not available (torch.cuda.is_available() is False)", allow_module_level=True)
+
+import numpy as np  # noqa: E402
+
+import pinstage  # noqa: E402
+from staging_reference import (  # noqa: E402
+    DTYPES,
+    NUMPY_OF,
+    assert_same_tensor,
+    dtype_name,
+    expected,
+    natural_values,
+    seeded_rng,
+)
+
+DTYPE_IDS = [dtype_name(d) for d in DTYPES]
+# Building numpy inputs from out-of-range doubles (inf by design) makes numpy warn.
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+CYCLES_PER_US = 1980  # torch.cuda._sleep cycles per microsecond on the H200 (about right elsewhere)
+SMALL_RING = 4096
+STATS_KEYS = (
+    "ring_bytes",
+    "in_flight_bytes",
+    "peak_in_flight_bytes",
+    "calls",
+    "bytes_staged",
+    "overflows",
+    "waits",
+    "wraps",
+    "events_created",
+)
+
+
+def busy(ms, stream=None):
+    """Queue ms of GPU sleep on stream (default: current); returns an event that completes after it."""
+    stream = stream or torch.cuda.current_stream()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(int(ms * 1000 * CYCLES_PER_US))
+        done = torch.cuda.Event()
+        done.record(stream)
+    return done
+
+
+def assert_still_busy(done, what):
+    # Not an assertion about pinstage: it guards the test's premise (work was issued while the GPU
+    # was busy). If it fires, the sleep is too short for this machine; lengthen it.
+    assert not done.query(), "the GPU finished its sleep before %s; the test proved nothing" % what
+
+
+def check_staged(records):
+    """records: [(result, data, dtype)], checked against torch.tensor after the GPU caught up."""
+    torch.cuda.synchronize()
+    for i, (got, data, dtype) in enumerate(records):
+        want, exc = expected(data, dtype)
+        assert exc is None, "test input %d rejected by torch.tensor: %r" % (i, exc)
+        assert got.is_cuda, "result %d on %s" % (i, got.device)
+        assert_same_tensor(got, want, "staging %d (%s, %d values)" % (i, dtype_name(dtype), want.numel()))
+
+
+@pytest.fixture(scope="module")
+def default_ring_bytes():
+    pinstage.stage_to_device([0], torch.int64)
+    torch.cuda.synchronize()
+    ring = pinstage.stats()["ring_bytes"]
+    assert ring > 0
+    return ring
+
+
+@pytest.fixture(autouse=True)
+def restore_configuration(default_ring_bytes):
+    torch.cuda.synchronize()
+    yield
+    torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    pinstage.configure(ring_bytes=default_ring_bytes, on_full="overflow")
+
+
+def _stats():
+    s = pinstage.stats()
+    missing = [k for k in STATS_KEYS if k not in s]
+    assert not missing, "stats() lacks %s" % missing
+    return s
+
+
+# A mix of dtypes and lengths for the race tests; each call's values are distinct random numbers.
+RACE_DTYPES = [torch.int64, torch.int32, torch.float32, torch.float64, torch.int16, torch.uint8,
+               torch.bfloat16, torch.float16, torch.uint64, torch.bool]
+
+
+def _race_inputs(count, rng, max_len=64):
+    """count staging requests: ("one", data, dtype) or ("many", [(data, dtype), ...])."""
+    out = []
+    for i in range(count):
+        if i % 5 == 4:
+            items = []
+            for j in range(rng.randint(2, 4)):
+                dtype = RACE_DTYPES[(i + j) % len(RACE_DTYPES)]
+                items.append((natural_values(dtype, rng.randint(1, max_len), rng), dtype))
+            out.append(("many", items))
+        else:
+            dtype = RACE_DTYPES[i % len(RACE_DTYPES)]
+            out.append(("one", natural_values(dtype, rng.randint(1, max_len), rng), dtype))
+    return out
+
+
+def _issue(request, records, stream=None):
+    if request[0] == "one":
+        _, data, dtype = request
+        records.append((pinstage.stage_to_device(data, dtype, stream), data, dtype))
+    else:
+        items = request[1]
+        results = pinstage.stage_many(items, stream)
+        assert len(results) == len(items)
+        records.extend((r, d, t) for r, (d, t) in zip(results, items))
+
+
+# ---------------------------------------------------------------------------------------------
+# Values
+
+
+def _input(kind, dtype, data):
+    if kind == "list":
+        return data
+    if kind == "numpy":
+        return np.array(data, dtype=np.float32 if dtype == torch.bfloat16 else NUMPY_OF[dtype])
+    if kind == "tensor":
+        return torch.tensor(data, dtype=dtype)
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 256, 4097, pytest.param(1_000_000, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("kind", ["list", "numpy", "tensor"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_matches_torch_tensor(dtype, kind, n):
+    values = natural_values(dtype, n, seeded_rng("cuda", dtype_name(dtype), n))
+    data = _input(kind, dtype, values)
+    want, exc = expected(data, dtype)
+    assert exc is None
+    got = pinstage.stage_to_device(data, dtype)
+    assert got.device == torch.device("cuda", torch.cuda.current_device())
+    assert_same_tensor(got, want, "%s %s n=%d" % (dtype_name(dtype), kind, n))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_nested_and_scalar_inputs(dtype):
+    rng = seeded_rng("cuda-nested", dtype_name(dtype))
+    for data in ([natural_values(dtype, 3, rng) for _ in range(5)],
+                 [[natural_values(dtype, 2, rng) for _ in range(3)] for _ in range(2)],
+                 natural_values(dtype, 1, rng)[0], range(0), [[], []], True, 3):
+        want, exc = expected(data, dtype)
+        if exc is not None:
+            with pytest.raises(type(exc)):
+                pinstage.stage_to_device(data, dtype)
+            continue
+        got = pinstage.stage_to_device(data, dtype)
+        assert got.is_cuda
+        assert_same_tensor(got, want, "%s %r" % (dtype_name(dtype), data))
+
+
+def test_conversion_errors_on_cuda_match_torch():
+    with pytest.raises(RuntimeError) as info:
+        pinstage.stage_to_device([1, 300], torch.uint8)
+    message = str(info.value)
+    assert "[1]" in message and "300" in message and "uint8" in message, message
+    with pytest.raises(ValueError):
+        pinstage.stage_to_device([[1, 2], [3]], torch.int64)
+    with pytest.raises(OverflowError):
+        pinstage.stage_to_device([1, -1], torch.uint64)
+    with pytest.raises(TypeError) as info:
+        pinstage.stage_to_device([1, 2], torch.complex64)
+    assert "complex64" in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# No synchronisation
+
+
+def test_no_sync_sets_and_restores_debug_mode():
+    before = torch.cuda.get_sync_debug_mode()
+    x = torch.ones(4, device="cuda")
+    with pinstage.testing.no_sync():
+        assert torch.cuda.get_sync_debug_mode() == 2
+        with pytest.raises(RuntimeError):
+            x.sum().item()  # a synchronising call must raise inside: the detector works
+    assert torch.cuda.get_sync_debug_mode() == before
+    with pytest.raises(KeyError):
+        with pinstage.testing.no_sync():
+            raise KeyError("inside")
+    assert torch.cuda.get_sync_debug_mode() == before
+
+
+class _RawErrorMode:
+    def __enter__(self):
+        self.prev = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("error")
+
+    def __exit__(self, *exc):
+        torch.cuda.set_sync_debug_mode(self.prev)
+
+
+@pytest.mark.parametrize("guard", ["testing.no_sync", "set_sync_debug_mode"])
+def test_staging_never_synchronises(guard):
+    rng = seeded_rng("nosync", guard)
+    pinstage.stage_to_device([1], torch.int64)  # any lazy set-up happens outside the guard
+    other = torch.cuda.Stream()
+    outs = {d: torch.empty(33, dtype=d, device="cuda") for d in DTYPES}
+    records = []
+    into = []
+    done = busy(100)
+    busy(100, other)
+    with pinstage.testing.no_sync() if guard == "testing.no_sync" else _RawErrorMode():
+        for dtype in DTYPES:
+            for n in (0, 1, 16, 300):
+                data = natural_values(dtype, n, rng)
+                records.append((pinstage.stage_to_device(data, dtype), data, dtype))
+            data = natural_values(dtype, 50, rng)
+            records.append((pinstage.stage_to_device(data, dtype, other), data, dtype))
+            data = natural_values(dtype, 1, rng)[0]
+            records.append((pinstage.stage_to_device(data, dtype), data, dtype))
+        for _ in range(20):
+            _issue(("many", [(natural_values(d, rng.randint(0, 40), rng), d) for d in DTYPES]), records)
+        _issue(("many", [(natural_values(torch.int32, 9, rng), torch.int32)]), records, other)
+        for dtype, out in outs.items():
+            data = natural_values(dtype, 33, rng)
+            assert pinstage.stage_into(data, out) is out
+            into.append((out, data, dtype))
+        assert_still_busy(done, "the stagings returned")
+    check_staged(records + into)
+
+
+def test_wait_mode_raises_inside_no_sync():
+    """on_full='wait' is a host wait: no_sync must catch it, and the ring must survive the error."""
+    pinstage.configure(ring_bytes=SMALL_RING, on_full="wait")
+    rng = seeded_rng("wait-nosync")
+    records = []
+    done = busy(200)
+    raised = None
+    with pinstage.testing.no_sync():
+        for i in range(1000):
+            data = natural_values(torch.int64, 16, rng)
+            try:
+                records.append((pinstage.stage_to_device(data, torch.int64), data, torch.int64))
+            except RuntimeError as exc:
+                raised = exc
+                break
+    assert raised is not None, "filled a %d-byte ring %d times over with the GPU busy and never waited" % (
+        SMALL_RING, 1000 * 128 // SMALL_RING)
+    assert_still_busy(done, "the ring filled")
+    check_staged(records)
+    after = natural_values(torch.int64, 16, rng)
+    check_staged([(pinstage.stage_to_device(after, torch.int64), after, torch.int64)])
+
+
+# ---------------------------------------------------------------------------------------------
+# The ring: no reuse before the copy that read a region has run
+
+
+def test_no_reuse_race_with_overflow():
+    pinstage.configure(ring_bytes=SMALL_RING, on_full="overflow")
+    rng = seeded_rng("race-overflow")
+    requests = _race_inputs(3000, rng)
+    big = natural_values(torch.int64, 5000, rng)  # larger than the whole ring
+    pinstage.stage_to_device([1], torch.int64)
+    torch.cuda.synchronize()
+    before = _stats()
+    records = []
+    done = busy(300)
+    for i, request in enumerate(requests):
+        _issue(request, records)
+        if i == 1500:
+            records.append((pinstage.stage_to_device(big, torch.int64), big, torch.int64))
+    assert_still_busy(done, "3000 stagings were issued")
+    during = _stats()
+    assert during["in_flight_bytes"] > 0, "copies are queued behind a sleeping kernel, yet nothing is in flight"
+    assert during["peak_in_flight_bytes"] >= during["in_flight_bytes"]
+    check_staged(records)
+    assert during["overflows"] > before["overflows"], "a %d-byte ring served %d queued stagings without overflow" % (
+        SMALL_RING, len(requests))
+    assert during["calls"] - before["calls"] == len(requests) + 1
+    assert during["waits"] == before["waits"], "on_full='overflow' waited"
+
+
+def test_no_reuse_race_with_wait():
+    pinstage.configure(ring_bytes=SMALL_RING, on_full="wait")
+    rng = seeded_rng("race-wait")
+    requests = _race_inputs(600, rng, max_len=24)
+    pinstage.stage_to_device([1], torch.int64)
+    torch.cuda.synchronize()
+    before = _stats()
+    records = []
+    busy(50)
+    for i, request in enumerate(requests):
+        if i % 40 == 0:
+            busy(2)  # keep copies queued so that the ring keeps filling up behind the GPU
+        _issue(request, records)
+    after = _stats()
+    check_staged(records)
+    assert after["waits"] > before["waits"], "a %d-byte ring filled behind a busy GPU without waiting" % SMALL_RING
+    assert after["overflows"] == before["overflows"], "on_full='wait' overflowed for requests smaller than the ring"
+
+
+def test_error_mode_raises_and_keeps_earlier_results():
+    pinstage.configure(ring_bytes=SMALL_RING, on_full="error")
+    rng = seeded_rng("race-error")
+    records = []
+    done = busy(200)
+    raised = None
+    for i in range(1000):
+        data = natural_values(torch.int32, 8 + i % 20, rng)
+        try:
+            records.append((pinstage.stage_to_device(data, torch.int32), data, torch.int32))
+        except RuntimeError as exc:
+            raised = exc
+            break
+    assert raised is not None, "on_full='error' never raised with a %d-byte ring behind a busy GPU" % SMALL_RING
+    assert len(records) > 0
+    # Further requests keep failing (not corrupting) while the ring is full.
+    with pytest.raises(RuntimeError):
+        pinstage.stage_many([([1, 2, 3], torch.int64), ([4.0] * 300, torch.float32)])
+    assert_still_busy(done, "the ring filled")
+    check_staged(records)
+    again = natural_values(torch.int32, 64, rng)
+    check_staged([(pinstage.stage_to_device(again, torch.int32), again, torch.int32)])
+    assert _stats()["in_flight_bytes"] <= SMALL_RING
+
+
+@pytest.mark.parametrize("ring", [None, SMALL_RING], ids=["default_ring", "small_ring"])
+def test_failed_calls_leave_ring_and_results_intact(ring):
+    if ring:
+        pinstage.configure(ring_bytes=ring)
+    rng = seeded_rng("failed", ring)
+    records = []
+    done = busy(100)
+    for request in _race_inputs(100, rng):
+        _issue(request, records)
+    failures = [
+        lambda: pinstage.stage_to_device(list(range(200)) * 5 + [300], torch.uint8),
+        lambda: pinstage.stage_to_device([1.0] * 100 + [None], torch.float32),
+        lambda: pinstage.stage_to_device([[1, 2]] * 50 + [[3]], torch.int64),
+        lambda: pinstage.stage_many([([1] * 100, torch.int64), ([1, 2**70], torch.int64)]),
+        lambda: pinstage.stage_many([([1] * 10, torch.int64), ([1], torch.complex64)]),
+    ]
+    for fail in failures * 20:
+        with pytest.raises((RuntimeError, TypeError, ValueError, OverflowError)):
+            fail()
+    for request in _race_inputs(100, rng):
+        _issue(request, records)
+    assert_still_busy(done, "the stagings and failures were issued")
+    check_staged(records)
+
+    # A leaked reservation would shrink the ring for good: with the GPU idle, a request of most of
+    # the ring must still fit after many failed calls.
+    pinstage.configure(ring_bytes=SMALL_RING)
+    pinstage.stage_to_device([1], torch.int64)
+    torch.cuda.synchronize()
+    before = _stats()
+    for fail in failures * 20:
+        with pytest.raises((RuntimeError, TypeError, ValueError, OverflowError)):
+            fail()
+    torch.cuda.synchronize()
+    data = natural_values(torch.uint8, SMALL_RING * 3 // 4, rng)
+    check_staged([(pinstage.stage_to_device(data, torch.uint8), data, torch.uint8)])
+    after = _stats()
+    assert after["overflows"] == before["overflows"], "failed calls leaked ring space"
+    assert after["in_flight_bytes"] <= SMALL_RING
+
+
+# ---------------------------------------------------------------------------------------------
+# Streams and threads
+
+
+def test_stage_on_non_current_stream():
+    rng = seeded_rng("other-stream")
+    side = torch.cuda.Stream()
+    data = [rng.randint(-(2**62), 2**62) for _ in range(512)]
+    torch.cuda.synchronize()
+    side_done = busy(200, side)
+    got = pinstage.stage_to_device(data, torch.int64, side)
+    assert got.is_cuda
+    # Read the result on the (idle) current stream right away: the copy is queued behind the side
+    # stream's sleep, so the values must not be there yet. Random 64-bit values cannot be there by chance.
+    early = got.clone()
+    current_done = torch.cuda.Event()
+    current_done.record()
+    current_done.synchronize()
+    assert not side_done.query(), "staging onto a side stream made the current stream wait for it"
+    assert not torch.equal(early.cpu(), torch.tensor(data)), "the copy ran on the current stream, not the given one"
+    side.synchronize()
+    assert_same_tensor(got, torch.tensor(data), "staged on a side stream")
+
+    # With the side stream current, stream=None means the side stream; stage_into takes stream= too.
+    with torch.cuda.stream(side):
+        busy(20)
+        got2 = pinstage.stage_to_device(data[:100], torch.int64)
+        out = torch.empty(100, dtype=torch.int64, device="cuda")
+        pinstage.stage_into(data[100:200], out, side)
+        many = pinstage.stage_many([(data[:7], torch.int64), (data[7:9], torch.int64)], side)
+    side.synchronize()
+    assert_same_tensor(got2, torch.tensor(data[:100]), "current side stream")
+    assert_same_tensor(out, torch.tensor(data[100:200]), "stage_into on a side stream")
+    assert_same_tensor(many[1], torch.tensor(data[7:9]), "stage_many on a side stream")
+
+
+def test_two_busy_streams_interleaved():
+    pinstage.configure(ring_bytes=SMALL_RING)
+    rng = seeded_rng("two-streams")
+    requests = _race_inputs(2000, rng)
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    torch.cuda.synchronize()
+    done = [busy(300, streams[0]), busy(200, streams[1])]
+    records = []
+    for i, request in enumerate(requests):
+        _issue(request, records, streams[i % 2])
+        if i == 1000:
+            busy(50, streams[1])
+    assert_still_busy(done[0], "the stagings on two streams were issued")
+    check_staged(records)
+
+
+@pytest.mark.parametrize("ring", [None, SMALL_RING], ids=["default_ring", "small_ring"])
+@pytest.mark.parametrize("same_stream", [True, False], ids=["same_stream", "own_streams"])
+def test_two_threads_staging_at_once(same_stream, ring):
+    if ring:
+        pinstage.configure(ring_bytes=ring)
+    per_thread = 2000
+    inputs = [_race_inputs(per_thread, seeded_rng("threads", t, same_stream, ring)) for t in range(2)]
+    streams = [torch.cuda.current_stream()] * 2 if same_stream else [torch.cuda.Stream(), torch.cuda.Stream()]
+    records = [[], []]
+    errors = []
+    start = threading.Barrier(2)
+    pinstage.stage_to_device([1], torch.int64)
+    torch.cuda.synchronize()
+    before = _stats()
+
+    def work(t):
+        try:
+            with torch.cuda.stream(streams[t]):
+                start.wait()
+                for i, request in enumerate(inputs[t]):
+                    if i % 500 == 0:
+                        busy(20)
+                    _issue(request, records[t])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=300)
+    assert not any(th.is_alive() for th in threads), "a staging thread hung"
+    assert not errors, "a staging thread raised: %r" % errors
+    after = _stats()
+    assert after["calls"] - before["calls"] == 2 * per_thread, "calls were lost or double-counted across threads"
+    check_staged(records[0] + records[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA graphs
+
+
+def test_staging_during_capture_raises():
+    static = torch.zeros(4, dtype=torch.int64, device="cuda")
+    capture_stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph, stream=capture_stream):
+        y = static + 1
+        with pytest.raises(RuntimeError, match="(?i)captur"):
+            pinstage.stage_to_device([1, 2, 3], torch.int64)
+        with pytest.raises(RuntimeError, match="(?i)captur"):
+            pinstage.stage_to_device([1, 2, 3], torch.int64, capture_stream)
+        with pytest.raises(RuntimeError, match="(?i)captur"):
+            pinstage.stage_many([([1], torch.int64), ([2.0], torch.float32)])
+        with pytest.raises(RuntimeError, match="(?i)captur"):
+            pinstage.stage_into([5, 6, 7, 8], static)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y.cpu(), torch.ones(4, dtype=torch.int64)), "the capture was disturbed"
+    assert torch.equal(static.cpu(), torch.zeros(4, dtype=torch.int64)), "stage_into wrote during capture"
+    got = pinstage.stage_to_device([1, 2, 3], torch.int64)
+    assert torch.equal(got.cpu(), torch.tensor([1, 2, 3])), "staging broken after a refused capture"
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32, torch.bfloat16], ids=dtype_name)
+def test_stage_into_feeds_captured_graph(dtype):
+    n = 257
+    rng = seeded_rng("graph", dtype_name(dtype))
+    static = torch.zeros(n, dtype=dtype, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            static * 2 + 1
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = static * 2 + 1
+    torch.cuda.synchronize()
+
+    # |x| <= 127 keeps x * 2 + 1 exact in every dtype here, bfloat16 included.
+    rounds = [[float(rng.randint(-127, 127)) if dtype.is_floating_point else rng.randint(-127, 127)
+               for _ in range(n)] for _ in range(12)]
+    results = []
+    done = busy(100)
+    for data in rounds:
+        assert pinstage.stage_into(data, static) is static
+        graph.replay()
+        results.append(out.clone())
+    assert_still_busy(done, "the replays were queued")
+    torch.cuda.synchronize()
+    for k, (data, got) in enumerate(zip(rounds, results)):
+        assert_same_tensor(got, torch.tensor(data, dtype=dtype) * 2 + 1, "replay %d" % k)
+
+
+def test_stage_into_checks_its_target():
+    out = torch.full((4,), 9, dtype=torch.int64, device="cuda")
+    with pytest.raises(ValueError):
+        pinstage.stage_into([1, 2, 3], out)
+    with pytest.raises(ValueError):
+        pinstage.stage_into([1, 2, 3, 4, 5], out)
+    with pytest.raises(TypeError):
+        pinstage.stage_into([1, 2, 3, 4], torch.empty(4, dtype=torch.complex64, device="cuda"))
+    with pytest.raises(RuntimeError):
+        pinstage.stage_into([1, 2, 3, 300], torch.zeros(4, dtype=torch.uint8, device="cuda"))
+    torch.cuda.synchronize()
+    assert torch.equal(out.cpu(), torch.full((4,), 9, dtype=torch.int64)), "a refused stage_into wrote into out"
+    grid = torch.empty(2, 3, dtype=torch.float32, device="cuda")
+    pinstage.stage_into([[1, 2, 3], [4, 5, 6]], grid)
+    assert torch.equal(grid.cpu(), torch.tensor([[1, 2, 3], [4, 5, 6]], dtype=torch.float32))
+
+
+# ---------------------------------------------------------------------------------------------
+# Process exit with copies in flight
+
+
+_EXIT_SCRIPT = textwrap.dedent(
+    """
+    import sys, torch, pinstage
+    ring, keep = int(sys.argv[1]), sys.argv[2] == "keep"
+    if ring:
+        pinstage.configure(ring_bytes=ring)
+    pinstage.stage_to_device([0], torch.int64)
+    torch.cuda._sleep(int(500e3 * %d))
+    kept = []
+    for i in range(3000):
+        t = pinstage.stage_to_device(list(range(i, i + 64)), torch.int64)
+        m = pinstage.stage_many([(list(range(i, i + 8)), torch.int32), ([1.5] * 5, torch.float32)])
+        if keep:
+            kept.append((t, m))
+    print("issued", pinstage.stats()["in_flight_bytes"] > 0, flush=True)
+    """
+    % CYCLES_PER_US
+)
+
+
+@pytest.mark.parametrize("keep", ["keep", "drop"])
+@pytest.mark.parametrize("ring", [0, SMALL_RING], ids=["default_ring", "small_ring"])
+def test_exit_with_copies_in_flight(ring, keep):
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(pinstage.__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT, str(ring), keep], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, "exit code %d\nstdout:\n%s\nstderr:\n%s" % (proc.returncode, proc.stdout,
+                                                                             proc.stderr[-4000:])
+    assert "issued True" in proc.stdout, "the copies were not in flight at exit: %r" % proc.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# stage_many
+
+
+def _many_items(rng):
+    return [
+        (natural_values(torch.int64, 33, rng), torch.int64),
+        (natural_values(torch.float32, 7, rng), torch.float32),
+        ([natural_values(torch.int32, 3, rng) for _ in range(4)], torch.int32),
+        (natural_values(torch.bool, 5, rng), torch.bool),
+        (natural_values(torch.float16, 9, rng), torch.float16),
+        (natural_values(torch.uint64, 3, rng), torch.uint64),
+        (natural_values(torch.int8, 1, rng), torch.int8),
+        (natural_values(torch.float64, 2, rng)[0], torch.float64),
+        (natural_values(torch.bfloat16, 11, rng), torch.bfloat16),
+    ]
+
+
+def test_stage_many_is_one_allocation_of_disjoint_views():
+    rng = seeded_rng("many-views")
+    items = _many_items(rng)
+    pinstage.stage_to_device([1], torch.int64)
+    before = _stats()
+    results = pinstage.stage_many(items)
+    after = _stats()
+    assert after["calls"] - before["calls"] == 1, "stage_many counted as %d calls" % (after["calls"] - before["calls"])
+    payload = sum(torch.tensor(d, dtype=t).nbytes for d, t in items)
+    assert after["bytes_staged"] - before["bytes_staged"] >= payload
+    check_staged([(r, d, t) for r, (d, t) in zip(results, items)])
+    bases = {r.untyped_storage().data_ptr() for r in results}
+    assert len(bases) == 1, "stage_many results live in %d allocations" % len(bases)
+    for r in results:
+        assert r.data_ptr() % r.element_size() == 0, "misaligned view"
+    # The views must not overlap: overwriting one leaves the others as they were.
+    snapshot = [r.clone() for r in results]
+    results[0].fill_(-1)
+    results[3].fill_(False)
+    for i, (r, s) in enumerate(zip(results, snapshot)):
+        if i not in (0, 3):
+            assert_same_tensor(r, s.cpu(), "item %d after writing items 0 and 3" % i)
+
+
+def test_stage_many_enqueues_one_copy():
+    from torch.profiler import ProfilerActivity, profile
+
+    rng = seeded_rng("many-copy")
+    items = _many_items(rng)
+    singles = [natural_values(torch.int64, 20, rng) for _ in range(3)]
+    pinstage.stage_to_device([1], torch.int64)
+    torch.cuda.synchronize()
+
+    def host_to_device_copies(fn):
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events()]
+        return sum(1 for n in names if "memcpy" in n.lower() and "htod" in n.lower().replace(" ", "")), names
+
+    three, names = host_to_device_copies(lambda: [pinstage.stage_to_device(s, torch.int64) for s in singles])
+    if three == 0:
+        pytest.skip("the profiler records no device copies here (no CUPTI activity)")
+    assert three == 3, "three stage_to_device calls made %d host-to-device copies" % three
+    one, names = host_to_device_copies(lambda: pinstage.stage_many(items))
+    assert one == 1, "stage_many of %d items made %d host-to-device copies" % (len(items), one)
+    assert any("stage" in n.lower() for n in names), "no named range for the staging call in the profiler"
+
+
+# ---------------------------------------------------------------------------------------------
+# Host time, stats, events, devices
+
+
+def test_host_never_waits_for_a_busy_gpu():
+    data = [list(range(i, i + 16)) for i in range(1000)]
+    for d in data[:100]:
+        pinstage.stage_to_device(d, torch.int64)
+    torch.cuda.synchronize()
+    before = _stats()
+    sleep_ms = 50
+    kept = []
+    done = busy(sleep_ms)
+    t0 = time.perf_counter()
+    for d in data:
+        kept.append(pinstage.stage_to_device(d, torch.int64))
+    elapsed = time.perf_counter() - t0
+    still_busy = not done.query()
+    after = _stats()
+    assert elapsed < sleep_ms / 2 / 1000, "1000 stagings took %.1f ms behind a %d ms kernel" % (elapsed * 1e3, sleep_ms)
+    assert still_busy
+    assert after["waits"] == before["waits"] and after["overflows"] == before["overflows"]
+    check_staged([(k, d, torch.int64) for k, d in zip(kept, data)])
+
+
+def test_stats_account_for_calls_and_bytes():
+    s = _stats()
+    for k in STATS_KEYS:
+        assert isinstance(s[k], int) and s[k] >= 0, "stats()[%r] = %r" % (k, s[k])
+    pinstage.configure(ring_bytes=1 << 17)
+    data = list(range(1000))
+    pinstage.stage_to_device([1], torch.int64)
+    torch.cuda.synchronize()
+    before = _stats()
+    assert (1 << 17) <= before["ring_bytes"] < (1 << 18), "configure(ring_bytes=131072) gave %d" % before["ring_bytes"]
+    done = busy(100)
+    kept = [pinstage.stage_to_device(data, torch.int64) for _ in range(10)]
+    during = _stats()
+    assert_still_busy(done, "ten stagings")
+    assert during["calls"] - before["calls"] == 10
+    assert during["bytes_staged"] - before["bytes_staged"] >= 10 * 8000
+    assert during["in_flight_bytes"] >= 10 * 8000, "in_flight_bytes %d with 80000 bytes queued" % during["in_flight_bytes"]
+    assert during["peak_in_flight_bytes"] >= during["in_flight_bytes"]
+    torch.cuda.synchronize()
+    pinstage.stage_to_device([1, 2], torch.int64)
+    settled = _stats()
+    assert settled["in_flight_bytes"] <= 4096, "in_flight_bytes %d after synchronize" % settled["in_flight_bytes"]
+    assert settled["peak_in_flight_bytes"] >= during["in_flight_bytes"]
+    assert settled["wraps"] >= before["wraps"]
+    check_staged([(k, data, torch.int64) for k in kept])
+
+
+def test_ring_wraps_without_overflow_when_the_gpu_keeps_up():
+    pinstage.configure(ring_bytes=SMALL_RING)
+    rng = seeded_rng("wraps")
+    pinstage.stage_to_device([1], torch.int64)
+    torch.cuda.synchronize()
+    before = _stats()
+    records = []
+    for _ in range(200):
+        data = natural_values(torch.int64, 40, rng)
+        records.append((pinstage.stage_to_device(data, torch.int64), data, torch.int64))
+        torch.cuda.current_stream().synchronize()
+    after = _stats()
+    check_staged(records)
+    assert after["wraps"] > before["wraps"], "200 x 320 bytes through a 4 KiB ring never wrapped"
+    assert after["overflows"] == before["overflows"], "overflowed although every copy had completed"
+
+
+def test_no_events_created_in_steady_state():
+    data = [list(range(i, i + 32)) for i in range(100)]
+    counts = []
+    for _ in range(12):
+        busy(20)
+        kept = [pinstage.stage_to_device(d, torch.int64) for d in data]
+        torch.cuda.synchronize()
+        counts.append(_stats()["events_created"])
+    assert counts[0] > 0, "events_created never counted an event"
+    assert counts[-1] == counts[2], "events created in steady state: %s" % counts
+    check_staged([(k, d, torch.int64) for k, d in zip(kept, data)])
+
+
+def test_device_resolution():
+    here = torch.device("cuda", torch.cuda.current_device())
+    assert pinstage.stage_to_device([1], torch.int64).device == here
+    assert pinstage.stage_to_device([1], torch.int64, device="cuda").device == here
+    assert pinstage.stage_to_device([1], torch.int64, device=here).device == here
+    cpu = pinstage.stage_to_device([1, 2], torch.int64, device="cpu")
+    assert cpu.device.type == "cpu" and not cpu.is_pinned()
+    assert torch.equal(cpu, torch.tensor([1, 2]))
+    many = pinstage.stage_many([([1], torch.int64), ([2.5], torch.float32)], device="cpu")
+    assert [m.device.type for m in many] == ["cpu", "cpu"]
+    stream = torch.cuda.Stream()
+    assert pinstage.stage_to_device([1], torch.int64, stream).device == stream.device
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_stream_device_wins_over_current_device():
+    with torch.cuda.device(0):
+        stream = torch.cuda.Stream(device=1)
+        got = pinstage.stage_to_device([1, 2, 3], torch.int64, stream)
+        assert got.device == torch.device("cuda", 1)
+        on1 = pinstage.stage_to_device([4, 5], torch.int64, device="cuda:1")
+        assert on1.device == torch.device("cuda", 1)
+    torch.cuda.synchronize(1)
+    assert torch.equal(got.cpu(), torch.tensor([1, 2, 3]))
+    assert torch.equal(on1.cpu(), torch.tensor([4, 5]))
+    assert pinstage.stats(device=1)["calls"] >= 2
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_empty_inputs(dtype):
+    inputs = [[], (), [[], []], range(0), np.zeros((0, 3)), [[[]]]]
+    with pinstage.testing.no_sync():
+        results = [pinstage.stage_to_device(d, dtype) for d in inputs]
+        many = pinstage.stage_many([(d, dtype) for d in inputs])
+    for got, data in zip(results + many, inputs + inputs):
+        want, exc = expected(data, dtype)
+        assert exc is None
+        assert got.is_cuda, got.device
+        assert_same_tensor(got, want, "empty %r" % (data,))
