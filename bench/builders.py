@@ -1,0 +1,161 @@
+"""Host time per builder call for the three backends (pinstage, pinned, blocking).
+
+    python bench/builders.py [--json out.json] [--sizes 1,8,64,256,1024] [--repeats 15]
+
+Each builder is called on the same request data with each backend; a timed sample is a loop of calls
+sized to about --sample-ms, after a warm-up, and the median of --repeats samples is reported in
+microseconds per call, with ratio columns pinned/pinstage and blocking/pinstage. The GPU is idle
+(no busy kernel), so "blocking" shows its conversion cost but not the wait it adds under overlap.
+Without a GPU it runs on the CPU (device="cpu"), where "pinned" is a plain torch.tensor and the
+ratios say nothing about staging; the output says so.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from pinstage.builders import (  # noqa: E402
+    BACKENDS,
+    Request,
+    SamplingParams,
+    build_decode_inputs,
+    build_logprob_indices,
+    build_penalty_last_token_ids,
+    build_sampling_batch,
+    write_cache_indices,
+)
+
+
+def decode_requests(rng, bs):
+    return [
+        Request(
+            [rng.randrange(1 << 17) for _ in range(rng.randint(16, 64))],
+            [rng.randrange(1 << 17) for _ in range(rng.randint(1, 32))],
+            req_pool_idx=i,
+        )
+        for i in range(bs)
+    ]
+
+
+def sampling_params(rng, bs):
+    # A few distinct settings per batch, as requests from a handful of client configurations give.
+    return [
+        SamplingParams(
+            temperature=rng.choice([0.7, 1.0]),
+            top_p=rng.choice([0.9, 1.0]),
+            top_k=rng.choice([-1, 40]),
+            min_p=rng.choice([0.0, 0.05]),
+            sampling_seed=rng.choice([None, 1234]),
+        )
+        for _ in range(bs)
+    ]
+
+
+def logprob_batch(rng, bs):
+    # Mostly sample-only rows (logprobs of the output only, or a chunked prefill), some full prompts.
+    lens = [rng.randint(1, 32) for _ in range(bs)]
+    starts = [n if rng.random() < 0.75 else rng.randint(0, n) for n in lens]
+    return lens, starts
+
+
+def cache_batch(rng, bs, device):
+    prefix_lens = [rng.randint(0, 64) for _ in range(bs)]
+    extend_lens = [rng.randint(1, 64) for _ in range(bs)]
+    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
+    pool = torch.randint(0, 1 << 20, (max(prefix_lens, default=0) + 1,), dtype=torch.int64, device=device)
+    prefix_tensors = [pool[:p] for p in prefix_lens]
+    out_cache_loc = torch.randint(0, 1 << 20, (sum(extend_lens),), dtype=torch.int64, device=device)
+    table = torch.zeros((bs, 256), dtype=torch.int32, device=device)
+    return table, list(range(bs)), prefix_tensors, prefix_lens, seq_lens, extend_lens, out_cache_loc
+
+
+def builder_calls(rng, bs, device):
+    """name -> function(backend) making one builder call on fixed data."""
+    requests = decode_requests(rng, bs)
+    params = sampling_params(rng, bs)
+    lens, starts = logprob_batch(rng, bs)
+    cache_args = cache_batch(rng, bs, device)
+    return {
+        "decode_inputs": lambda b: build_decode_inputs(requests, backend=b, device=device),
+        "penalty_last_token_ids": lambda b: build_penalty_last_token_ids(requests, backend=b, device=device),
+        "sampling": lambda b: build_sampling_batch(
+            params, enable_deterministic_sampling=True, backend=b, device=device
+        ),
+        "logits": lambda b: build_logprob_indices(lens, starts, backend=b, device=device),
+        "cache": lambda b: write_cache_indices(*cache_args, backend=b),
+    }
+
+
+def median_call_us(call, repeats, sample_ms):
+    for _ in range(3):
+        call()
+    start = time.perf_counter_ns()
+    call()
+    per_call = max(time.perf_counter_ns() - start, 1)
+    calls = max(1, int(sample_ms * 1e6 / per_call))
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter_ns()
+        for _ in range(calls):
+            call()
+        samples.append((time.perf_counter_ns() - start) / calls / 1e3)
+    return statistics.median(samples)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--sizes", default="1,8,64,256,1024")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--sample-ms", type=float, default=5.0)
+    args = parser.parse_args()
+
+    on_gpu = torch.cuda.is_available()
+    device = "cuda" if on_gpu else "cpu"
+    where = torch.cuda.get_device_name() if on_gpu else f"CPU ({platform.processor() or platform.machine()})"
+    print(f"builders host time, device={device}: {where}; torch {torch.__version__}")
+    if not on_gpu:
+        print("NOTE: no GPU, so this ran on the CPU; 'pinned' is plain torch.tensor here and the ratios do "
+              "not measure staging. Run on a GPU for the numbers that count.")
+
+    rows = []
+    for bs in (int(s) for s in args.sizes.split(",")):
+        calls = builder_calls(random.Random(bs), bs, device)
+        for name, call in calls.items():
+            us = {b: median_call_us(lambda: call(b), args.repeats, args.sample_ms) for b in BACKENDS}
+            if on_gpu:
+                torch.cuda.synchronize()
+            rows.append(dict(builder=name, bs=bs, **{f"{b}_us": us[b] for b in BACKENDS},
+                             pinned_over_pinstage=us["pinned"] / us["pinstage"],
+                             blocking_over_pinstage=us["blocking"] / us["pinstage"]))
+
+    header = f"{'builder':<24}{'bs':>6}{'pinstage us':>13}{'pinned us':>11}{'blocking us':>13}{'pinned/ps':>11}{'blocking/ps':>13}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(f"{r['builder']:<24}{r['bs']:>6}{r['pinstage_us']:>13.1f}{r['pinned_us']:>11.1f}{r['blocking_us']:>13.1f}"
+              f"{r['pinned_over_pinstage']:>11.2f}{r['blocking_over_pinstage']:>13.2f}")
+
+    if args.json:
+        report = dict(
+            date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            command=" ".join([os.path.basename(sys.executable)] + sys.argv),
+            device=device, device_name=where, torch=torch.__version__, python=platform.python_version(),
+            repeats=args.repeats, sample_ms=args.sample_ms, results=rows,
+        )
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+import pytest
+import torch
+from builders_support import BATCH_SIZES, DEVICES, busy_host_limit_s, needs_cuda, run_while_stream_busy
+
+from pinstage import _C
+from pinstage.builders import BACKENDS, write_cache_indices
+
+MAX_CONTEXT_LEN = 48
+SENTINEL = -7  # cells no request owns must keep it
+
+
+def random_batch(rng, bs, device):
+    """A batch over a table with a few spare rows: distinct rows, random prefix/extend split."""
+    rows = rng.sample(range(bs + 5), bs)
+    prefix_lens = [rng.randint(0, 20) for _ in range(bs)]
+    seq_lens = [p + rng.randint(0, MAX_CONTEXT_LEN - 20) for p in prefix_lens]
+    extend_lens = [s - p for s, p in zip(seq_lens, prefix_lens)]
+    prefix_tensors = [
+        # Some prefixes are longer than used and some are views into a larger tensor, as radix-cache
+        # values are.
+        torch.randint(0, 1 << 20, (p + rng.randint(0, 3) + 2,), dtype=torch.int64, device=device)[2:]
+        for p in prefix_lens
+    ]
+    out_cache_loc = torch.randint(0, 1 << 20, (sum(extend_lens),), dtype=torch.int64, device=device)
+    table = torch.full((bs + 5, MAX_CONTEXT_LEN), SENTINEL, dtype=torch.int32, device=device)
+    return dict(
+        req_to_token=table, req_pool_indices=rows, prefix_tensors=prefix_tensors, prefix_lens=prefix_lens,
+        seq_lens=seq_lens, extend_lens=extend_lens, out_cache_loc=out_cache_loc,
+    )
+
+
+def reference(batch):
+    table = batch["req_to_token"].cpu().clone()
+    out = batch["out_cache_loc"].cpu()
+    offset = 0
+    for row, prefix, p, s in zip(
+        batch["req_pool_indices"], batch["prefix_tensors"], batch["prefix_lens"], batch["seq_lens"]
+    ):
+        table[row, :p] = prefix.cpu()[:p].to(torch.int32)
+        table[row, p:s] = out[offset : offset + s - p].to(torch.int32)
+        offset += s - p
+    return table
+
+
+def run(batch, **kw):
+    write_cache_indices(*batch.values(), **kw)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bs", BATCH_SIZES)
+def test_every_backend_writes_the_reference_rows(rng, device, bs):
+    batch = random_batch(rng, bs, device)
+    expected = reference(batch)
+    for backend in BACKENDS:
+        batch["req_to_token"].fill_(SENTINEL)
+        run(batch, backend=backend)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        assert torch.equal(batch["req_to_token"].cpu(), expected), backend
+
+
+@needs_cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("bs", [1, 300])
+def test_cuda_kernel_matches_cpu_path(rng, bs):
+    cpu = random_batch(rng, bs, "cpu")
+    cuda = {k: v for k, v in cpu.items()}
+    cuda["req_to_token"] = cpu["req_to_token"].cuda()
+    cuda["prefix_tensors"] = [t.cuda() for t in cpu["prefix_tensors"]]
+    cuda["out_cache_loc"] = cpu["out_cache_loc"].cuda()
+    run(cpu)
+    run(cuda)
+    torch.cuda.synchronize()
+    assert torch.equal(cuda["req_to_token"].cpu(), cpu["req_to_token"])
+
+
+@needs_cuda
+@pytest.mark.cuda
+def test_cache_builder_does_not_wait_for_a_busy_stream(rng):
+    batch = random_batch(rng, 256, "cuda")
+    expected = reference(batch)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())  # the batch's tensors were made on the default stream
+    run(batch, stream=stream)
+    _, elapsed = run_while_stream_busy(lambda: run(batch, stream=stream), stream)
+    assert elapsed < busy_host_limit_s(), f"took {elapsed * 1e3:.1f} ms on the host"
+    torch.cuda.synchronize()
+    assert torch.equal(batch["req_to_token"].cpu(), expected)
+
+
+def corrupt(batch, field, value, index=2):
+    if field == "out_cache_loc":
+        batch[field] = value
+    else:
+        batch[field][index] = value
+
+
+BAD_INPUTS = [
+    ("req_pool_indices", 10_000, IndexError, r"request 2: req_pool_indices is 10000, outside req_to_token's"),
+    ("req_pool_indices", -1, IndexError, r"request 2: req_pool_indices is -1"),
+    ("prefix_lens", -1, ValueError, r"request 2: prefix_lens is negative"),
+    ("seq_lens", 0, ValueError, r"request 2: seq_lens \(0\) < prefix_lens"),
+    ("seq_lens", MAX_CONTEXT_LEN + 1, ValueError, r"request 2: seq_lens \(49\) > req_to_token's max_context_len"),
+    ("extend_lens", 99, ValueError, r"request 2: extend_lens \(99\) != seq_lens - prefix_lens"),
+    ("extend_lens", "3", TypeError, r"request 2: extend_lens must be an int"),
+    ("prefix_tensors", [1, 2, 3], TypeError, r"request 2: prefix_tensors entry must be a tensor"),
+    ("prefix_tensors", torch.zeros(30, dtype=torch.int32), TypeError, r"request 2: prefix_tensors entry must be int64"),
+    ("prefix_tensors", torch.zeros(30, dtype=torch.int64, device="meta"), ValueError,
+     r"request 2: prefix_tensors entry is on meta but req_to_token is on cpu"),
+    ("prefix_tensors", torch.zeros(1, dtype=torch.int64), ValueError,
+     r"request 2: prefix_tensors entry has 1 elements but prefix_lens is 5"),
+    ("prefix_tensors", torch.zeros(60, dtype=torch.int64)[::2], ValueError,
+     r"request 2: prefix_tensors entry must be contiguous"),
+    ("prefix_tensors", torch.zeros(6, 6, dtype=torch.int64), ValueError, r"request 2: prefix_tensors entry must be 1-D"),
+    ("out_cache_loc", torch.zeros(3, dtype=torch.int64), ValueError, r"extend_lens add up to \d+ but out_cache_loc has 3"),
+    ("out_cache_loc", torch.zeros(3, dtype=torch.int32), TypeError, r"out_cache_loc must be int64"),
+]
+
+
+@pytest.mark.parametrize("field, value, error, message", BAD_INPUTS, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD_INPUTS)])
+def test_bad_input_raises_before_anything_is_written(rng, field, value, error, message):
+    batch = random_batch(rng, 4, "cpu")
+    batch["prefix_lens"][2], batch["seq_lens"][2], batch["extend_lens"][2] = 5, 9, 4
+    batch["prefix_tensors"][2] = torch.arange(5, dtype=torch.int64)
+    batch["out_cache_loc"] = torch.arange(sum(batch["extend_lens"]), dtype=torch.int64)
+    corrupt(batch, field, value)
+    with pytest.raises(error, match=message):
+        run(batch)
+    assert (batch["req_to_token"] == SENTINEL).all()
+
+
+@pytest.mark.parametrize("field", ["prefix_tensors", "prefix_lens", "seq_lens", "extend_lens"])
+def test_lists_of_different_lengths_are_rejected(rng, field):
+    batch = random_batch(rng, 4, "cpu")
+    batch[field] = batch[field][:3]
+    with pytest.raises(ValueError, match=rf"{field} has 3 entries but req_pool_indices has 4"):
+        run(batch)
+
+
+def test_req_to_token_must_be_int32_rows():
+    table = torch.zeros(4, 8, dtype=torch.int64)
+    with pytest.raises(TypeError, match="req_to_token must be int32"):
+        write_cache_indices(table, [], [], [], [], [], torch.zeros(0, dtype=torch.int64))
+
+
+def staged_args(rows, prefix_lens, seq_lens, offsets, pointers):
+    return [
+        torch.tensor(rows, dtype=torch.int64),
+        torch.tensor(pointers, dtype=torch.uint64),
+        torch.tensor(prefix_lens, dtype=torch.int64),
+        torch.tensor(seq_lens, dtype=torch.int64),
+        torch.tensor(offsets, dtype=torch.int64),
+    ]
+
+
+@pytest.mark.parametrize(
+    "rows, prefix_lens, seq_lens, offsets, pointers, message",
+    [
+        ([0, 4], [0, 0], [1, 1], [0, 1], [0, 0], r"request 1: req_pool_indices is 4"),
+        ([0, 1], [0, 2], [1, 1], [0, 1], [0, 0], r"request 1: seq_lens \(1\) < prefix_lens \(2\)"),
+        ([0, 1], [0, 0], [1, 2], [0, 1], [0, 0], r"request 1: out_cache_offsets slice \[1, 3\) is outside"),
+        ([0, 1], [0, 1], [1, 1], [0, 1], [0, 0], r"request 1: prefix_pointers is null"),
+    ],
+)
+def test_compiled_op_checks_cpu_values_itself(rows, prefix_lens, seq_lens, offsets, pointers, message):
+    table = torch.full((4, 8), SENTINEL, dtype=torch.int32)
+    rows_t, pointers_t, prefix_t, seq_t, offsets_t = staged_args(rows, prefix_lens, seq_lens, offsets, pointers)
+    with pytest.raises((IndexError, ValueError), match=message):
+        _C.write_cache_indices(table, rows_t, pointers_t, prefix_t, seq_t, offsets_t, torch.arange(2))
+    assert (table == SENTINEL).all()
+
+
+def test_compiled_op_checks_tensor_arguments():
+    table = torch.zeros(4, 8, dtype=torch.int32)
+    rows_t, pointers_t, prefix_t, seq_t, offsets_t = staged_args([0], [0], [1], [0], [0])
+    with pytest.raises(TypeError, match="prefix_pointers must be UInt64"):
+        _C.write_cache_indices(table, rows_t, rows_t, prefix_t, seq_t, offsets_t, torch.arange(1))
+    with pytest.raises(ValueError, match="seq_lens must be a contiguous 1-D tensor of 1 elements"):
+        _C.write_cache_indices(table, rows_t, pointers_t, prefix_t, torch.arange(2), offsets_t, torch.arange(1))

@@ -1,0 +1,90 @@
+import pytest
+import torch
+from builders_support import (
+    BATCH_SIZES, DEVICES, assert_fields_equal, assert_same_tensor, busy_host_limit_s, needs_cuda,
+    results_by_backend, run_while_stream_busy,
+)
+
+from pinstage.builders import Request, build_decode_inputs, build_penalty_last_token_ids
+
+
+def random_requests(rng, bs):
+    requests = []
+    for i in range(bs):
+        prompt = [rng.randrange(1 << 17) for _ in range(rng.randint(1, 6))]
+        output = [rng.randrange(1 << 17) for _ in range(rng.choice([0, 0, 1, 3]))]
+        requests.append(Request(prompt, output, req_pool_idx=rng.randrange(8192)))
+    return requests
+
+
+def expected_last_tokens(requests):
+    out = []
+    for r in requests:
+        out.append(r.output_ids[-1] if r.output_ids else r.origin_input_ids[-1])
+    return torch.tensor(out, dtype=torch.int64)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bs", BATCH_SIZES)
+def test_decode_inputs_equal_across_backends_and_reference(rng, device, bs):
+    requests = random_requests(rng, bs)
+    results = results_by_backend(lambda **kw: build_decode_inputs(requests, **kw), device)
+    for result in results.values():
+        assert_fields_equal(result, results["blocking"])
+    got = results["pinstage"]
+    assert got.input_ids.device.type == device
+    assert_same_tensor(got.input_ids.cpu(), expected_last_tokens(requests))
+    seq_lens = [len(r.origin_input_ids) + len(r.output_ids) for r in requests]
+    assert_same_tensor(got.seq_lens.cpu(), torch.tensor(seq_lens, dtype=torch.int64))
+    pool = [r.req_pool_idx for r in requests]
+    assert_same_tensor(got.req_pool_indices.cpu(), torch.tensor(pool, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bs", BATCH_SIZES)
+def test_penalty_last_token_ids_equal_across_backends(rng, device, bs):
+    requests = random_requests(rng, bs)
+    results = results_by_backend(lambda **kw: build_penalty_last_token_ids(requests, **kw), device)
+    for ids in results.values():
+        assert_same_tensor(ids.cpu(), expected_last_tokens(requests))
+        assert ids.device.type == device
+
+
+def test_last_token_is_the_prompt_tail_before_any_output():
+    requests = [Request([5, 6, 7]), Request([1], [9, 8])]
+    ids = build_penalty_last_token_ids(requests, device="cpu")
+    assert ids.tolist() == [7, 8]
+
+
+def test_request_without_any_token_is_named():
+    requests = [Request([1]), Request([2], [3]), Request([], [])]
+    with pytest.raises(ValueError, match=r"request 2: origin_input_ids and output_ids are both empty"):
+        build_decode_inputs(requests, device="cpu")
+
+
+def test_negative_pool_index_is_named():
+    requests = [Request([1], req_pool_idx=0), Request([2], req_pool_idx=-1)]
+    with pytest.raises(IndexError, match=r"request 1: req_pool_idx must be >= 0"):
+        build_decode_inputs(requests, device="cpu")
+
+
+def test_unknown_backend_is_rejected():
+    with pytest.raises(ValueError, match="backend must be one of"):
+        build_decode_inputs([Request([1])], backend="fast", device="cpu")
+
+
+@needs_cuda
+@pytest.mark.cuda
+def test_decode_builders_do_not_wait_for_a_busy_stream(rng):
+    requests = random_requests(rng, 256)
+    stream = torch.cuda.Stream()
+    for build in (build_decode_inputs, build_penalty_last_token_ids):
+        build(requests, stream=stream)  # warm-up: the ring and caching allocator settle
+        result, elapsed = run_while_stream_busy(lambda: build(requests, stream=stream), stream)
+        assert elapsed < busy_host_limit_s(), f"{build.__name__} took {elapsed * 1e3:.1f} ms on the host"
+        torch.cuda.synchronize()
+        expected = build(requests, backend="blocking", device="cuda")
+        if isinstance(expected, torch.Tensor):
+            assert_same_tensor(result, expected)
+        else:
+            assert_fields_equal(result, expected)

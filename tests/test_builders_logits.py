@@ -1,0 +1,106 @@
+import pytest
+import torch
+from builders_support import (
+    BATCH_SIZES, DEVICES, assert_fields_equal, assert_same_tensor, busy_host_limit_s, needs_cuda,
+    results_by_backend, run_while_stream_busy,
+)
+
+from pinstage.builders import build_logprob_indices
+from pinstage.builders.logits import _NUMPY_FROM_BATCH_SIZE
+
+
+def reference(lens, starts):
+    """SGLang's per-request loop, element by element: the oracle."""
+    sample, input_logprob, pruned_lens, rows = [], [], [], []
+    sample_pt, logprob_pt, row_pt = -1, 0, 0
+    for start, n in zip(starts, lens):
+        kept_from = start - 1 if n == start else start
+        rows.extend(range(row_pt + kept_from, row_pt + n))
+        row_pt += n
+        sample_pt += n - kept_from
+        sample.append(sample_pt)
+        input_logprob.extend(logprob_pt + i for i in range(n - start))
+        logprob_pt += n - kept_from
+        pruned_lens.append(n - kept_from)
+    return [torch.tensor(v, dtype=torch.int64) for v in (sample, input_logprob, pruned_lens, rows)]
+
+
+def random_batch(rng, bs):
+    lens = [rng.randint(1, 40) for _ in range(bs)]
+    starts = [rng.choice([n, n, rng.randint(0, n), 0]) for n in lens]
+    return lens, starts
+
+
+def check_against_reference(result, lens, starts):
+    sample, input_logprob, pruned_lens, rows = reference(lens, starts)
+    assert_same_tensor(result.sample_indices.cpu(), sample, "sample_indices")
+    assert_same_tensor(result.input_logprob_indices.cpu(), input_logprob, "input_logprob_indices")
+    assert_same_tensor(result.pruned_lens.cpu(), pruned_lens, "pruned_lens")
+    assert_same_tensor(result.pruned_row_indices.cpu(), rows, "pruned_row_indices")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_worked_example(device):
+    got = build_logprob_indices([4, 5, 6], [0, 5, 3], device=device)
+    assert got.sample_indices.tolist() == [3, 4, 7]
+    assert got.input_logprob_indices.tolist() == [0, 1, 2, 3, 5, 6, 7]
+    assert got.pruned_lens.tolist() == [4, 1, 3]
+    assert got.pruned_row_indices.tolist() == [0, 1, 2, 3, 8, 12, 13, 14]
+
+
+# Both sides of the switch between the list and the numpy computation.
+SIZES = sorted(set(BATCH_SIZES + [_NUMPY_FROM_BATCH_SIZE - 1, _NUMPY_FROM_BATCH_SIZE]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bs", SIZES)
+def test_logprob_indices_equal_across_backends_and_reference(rng, device, bs):
+    lens, starts = random_batch(rng, bs)
+    results = results_by_backend(lambda **kw: build_logprob_indices(lens, starts, **kw), device)
+    for result in results.values():
+        assert_fields_equal(result, results["blocking"])
+    assert results["pinstage"].sample_indices.device.type == device
+    check_against_reference(results["pinstage"], lens, starts)
+
+
+@pytest.mark.parametrize("bs", [1, _NUMPY_FROM_BATCH_SIZE])
+def test_edge_starts(bs):
+    lens = [1] * bs
+    check_against_reference(build_logprob_indices(lens, [1] * bs, device="cpu"), lens, [1] * bs)
+    check_against_reference(build_logprob_indices(lens, [0] * bs, device="cpu"), lens, [0] * bs)
+
+
+@pytest.mark.parametrize("bs", [3, _NUMPY_FROM_BATCH_SIZE + 3])
+@pytest.mark.parametrize(
+    "n, start, error, message",
+    [
+        (0, 0, ValueError, r"request 2: extend_seq_lens must be >= 1"),
+        (4, -1, ValueError, r"request 2: extend_logprob_start_lens must be in \[0, extend_seq_lens=4\]"),
+        (4, 5, ValueError, r"request 2: extend_logprob_start_lens must be in \[0, extend_seq_lens=4\]"),
+        (4, None, TypeError, r"request 2: extend_seq_lens and extend_logprob_start_lens must be ints"),
+    ],
+)
+def test_invalid_lengths_name_the_request(bs, n, start, error, message):
+    lens, starts = [3] * bs, [1] * bs
+    lens[2], starts[2] = n, start
+    with pytest.raises(error, match=message):
+        build_logprob_indices(lens, starts, device="cpu")
+
+
+def test_mismatched_lists_are_rejected():
+    with pytest.raises(ValueError, match="extend_seq_lens has 2 entries but extend_logprob_start_lens has 1"):
+        build_logprob_indices([1, 2], [0], device="cpu")
+
+
+@needs_cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("bs", [8, 256])
+def test_logits_builder_does_not_wait_for_a_busy_stream(rng, bs):
+    lens, starts = random_batch(rng, bs)
+    stream = torch.cuda.Stream()
+    build = lambda: build_logprob_indices(lens, starts, stream=stream)  # noqa: E731
+    build()
+    result, elapsed = run_while_stream_busy(build, stream)
+    assert elapsed < busy_host_limit_s(), f"took {elapsed * 1e3:.1f} ms on the host"
+    torch.cuda.synchronize()
+    check_against_reference(result, lens, starts)

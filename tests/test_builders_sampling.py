@@ -1,0 +1,109 @@
+import math
+
+import pytest
+import torch
+from builders_support import (
+    BATCH_SIZES, DEVICES, assert_fields_equal, assert_same_tensor, busy_host_limit_s, needs_cuda,
+    results_by_backend, run_while_stream_busy,
+)
+
+from pinstage.builders import DEFAULT_SAMPLING_SEED, TOP_K_ALL, SamplingParams, build_sampling_batch
+
+
+def random_params(rng, bs):
+    return [
+        SamplingParams(
+            temperature=rng.choice([0.0, 0.5, 0.7, 1.0, 1.3]),
+            top_p=rng.choice([1.0, 1.0, 0.9, 0.5]),
+            top_k=rng.choice([-1, -1, 1, 20, 50]),
+            min_p=rng.choice([0.0, 0.0, 0.05]),
+            sampling_seed=rng.choice([None, rng.randrange(1 << 40)]),
+        )
+        for _ in range(bs)
+    ]
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bs", BATCH_SIZES)
+def test_sampling_batch_equal_across_backends_and_reference(rng, device, bs, deterministic):
+    params = random_params(rng, bs)
+    results = results_by_backend(
+        lambda **kw: build_sampling_batch(params, enable_deterministic_sampling=deterministic, **kw), device
+    )
+    for result in results.values():
+        assert_fields_equal(result, results["blocking"])
+    got = results["pinstage"]
+    assert got.temperatures.device.type == device
+    assert_same_tensor(
+        got.temperatures.cpu(), torch.tensor([[p.temperature] for p in params], dtype=torch.float32).view(-1, 1)
+    )
+    assert_same_tensor(got.top_ps.cpu(), torch.tensor([p.top_p for p in params], dtype=torch.float32))
+    assert_same_tensor(got.top_ks.cpu(), torch.tensor([p.top_k for p in params], dtype=torch.int32))
+    assert_same_tensor(got.min_ps.cpu(), torch.tensor([p.min_p for p in params], dtype=torch.float32))
+    if deterministic:
+        seeds = [DEFAULT_SAMPLING_SEED if p.sampling_seed is None else p.sampling_seed for p in params]
+        assert_same_tensor(got.seeds.cpu(), torch.tensor(seeds, dtype=torch.int64))
+    else:
+        assert got.seeds is None
+    assert got.is_all_greedy == all(p.top_k <= 1 for p in params)
+    assert got.need_top_p == any(p.top_p != 1.0 for p in params)
+    assert got.need_top_k == any(p.top_k != TOP_K_ALL for p in params)
+    assert got.need_min_p == any(p.min_p > 0 for p in params)
+
+
+def test_flags_follow_the_parameters():
+    greedy = build_sampling_batch([SamplingParams(temperature=0.0), SamplingParams(top_k=1)], device="cpu")
+    assert greedy.is_all_greedy and greedy.need_top_k and not greedy.need_top_p and not greedy.need_min_p
+    plain = build_sampling_batch([SamplingParams(), SamplingParams(top_k=-1)], device="cpu")
+    assert not plain.is_all_greedy and not plain.need_top_k and not plain.need_top_p and not plain.need_min_p
+    mixed = build_sampling_batch([SamplingParams(top_p=0.9), SamplingParams(min_p=0.1)], device="cpu")
+    assert mixed.need_top_p and mixed.need_min_p and not mixed.need_top_k
+    empty = build_sampling_batch([], device="cpu")
+    assert empty.is_all_greedy and not (empty.need_top_p or empty.need_top_k or empty.need_min_p)
+    assert empty.temperatures.shape == (0, 1) and empty.top_ks.dtype == torch.int32
+
+
+def test_zero_temperature_becomes_greedy_top_k():
+    p = SamplingParams(temperature=0.0, top_k=50)
+    assert (p.temperature, p.top_k) == (1.0, 1)
+    assert SamplingParams(top_k=-1).top_k == TOP_K_ALL
+
+
+@pytest.mark.parametrize(
+    "field, bad, error",
+    [
+        ("temperature", -0.5, ValueError),
+        ("temperature", math.nan, ValueError),
+        ("top_p", 0.0, ValueError),
+        ("top_p", 1.5, ValueError),
+        ("top_p", math.nan, ValueError),
+        ("top_k", 0, ValueError),
+        ("top_k", -7, ValueError),
+        ("min_p", -0.1, ValueError),
+        ("min_p", 1.01, ValueError),
+        ("min_p", math.nan, ValueError),
+        ("temperature", None, TypeError),
+        ("top_k", "5", TypeError),
+    ],
+)
+@pytest.mark.parametrize("position", [0, 2])  # NaN is only invisible to min/max when it is not first
+def test_invalid_parameter_names_request_and_field(field, bad, error, position):
+    params = [SamplingParams(top_p=0.9, min_p=0.01) for _ in range(4)]
+    setattr(params[position], field, bad)
+    with pytest.raises(error, match=rf"request {position}: {field} must be"):
+        build_sampling_batch(params, device="cpu")
+
+
+@needs_cuda
+@pytest.mark.cuda
+def test_sampling_builder_does_not_wait_for_a_busy_stream(rng):
+    params = random_params(rng, 256)
+    stream = torch.cuda.Stream()
+    build = lambda: build_sampling_batch(params, enable_deterministic_sampling=True, stream=stream)  # noqa: E731
+    build()
+    result, elapsed = run_while_stream_busy(build, stream)
+    assert elapsed < busy_host_limit_s(), f"took {elapsed * 1e3:.1f} ms on the host"
+    torch.cuda.synchronize()
+    expected = build_sampling_batch(params, enable_deterministic_sampling=True, backend="blocking", device="cuda")
+    assert_fields_equal(result, expected)
