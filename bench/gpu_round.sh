@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One GPU round on a machine with a CUDA GPU: environment, build, every test (CUDA included), the
+# microbenchmark and the builders benchmark, with logs and JSON under $OUT (default bench/out/gpu).
+# Usage: OUT=/some/dir GIT_REV=<commit> bash bench/gpu_round.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-bench/out/gpu}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+{
+  echo "date_utc: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "commit: ${GIT_REV:-unknown}"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
+  python3 -c "import torch, sys; print('python', sys.version.split()[0]); print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+  nproc
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+start=$(date +%s)
+bash scripts/test.sh -rs --durations=15 2>&1 | tee "$OUT/tests.log"
+echo "tests exit: ${PIPESTATUS[0]} after $(( $(date +%s) - start )) s" | tee -a "$OUT/tests.log"
+
+bash scripts/bench.sh 2>&1 | tee "$OUT/bench.log"
+echo "bench exit: ${PIPESTATUS[0]}" | tee -a "$OUT/bench.log"
+cp bench/out/microbench.json bench/out/builders.json "$OUT/" 2>/dev/null || true

@@ -1,0 +1,57 @@
+// The element types pinstage stages, and the one place that maps a ScalarType to a C++ type.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cstdint>
+#include <string>
+
+namespace pinstage {
+
+inline bool is_supported_dtype(c10::ScalarType t) {
+  switch (t) {
+    case c10::ScalarType::Bool:
+    case c10::ScalarType::Byte:
+    case c10::ScalarType::Char:
+    case c10::ScalarType::Short:
+    case c10::ScalarType::Int:
+    case c10::ScalarType::Long:
+    case c10::ScalarType::UInt16:
+    case c10::ScalarType::UInt32:
+    case c10::ScalarType::UInt64:
+    case c10::ScalarType::Half:
+    case c10::ScalarType::BFloat16:
+    case c10::ScalarType::Float:
+    case c10::ScalarType::Double:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Python spelling, as torch prints it ("torch.int64"), for error messages.
+std::string dtype_name(c10::ScalarType t);
+
+// Calls fn(T{}) with T the C++ element type of `t`; `t` must be supported.
+template <class Fn>
+decltype(auto) dispatch_dtype(c10::ScalarType t, Fn&& fn) {
+  switch (t) {
+    case c10::ScalarType::Bool: return fn(bool{});
+    case c10::ScalarType::Byte: return fn(uint8_t{});
+    case c10::ScalarType::Char: return fn(int8_t{});
+    case c10::ScalarType::Short: return fn(int16_t{});
+    case c10::ScalarType::Int: return fn(int32_t{});
+    case c10::ScalarType::Long: return fn(int64_t{});
+    case c10::ScalarType::UInt16: return fn(uint16_t{});
+    case c10::ScalarType::UInt32: return fn(uint32_t{});
+    case c10::ScalarType::UInt64: return fn(uint64_t{});
+    case c10::ScalarType::Half: return fn(c10::Half{});
+    case c10::ScalarType::BFloat16: return fn(c10::BFloat16{});
+    case c10::ScalarType::Float: return fn(float{});
+    default: return fn(double{});
+  }
+}
+
+}  // namespace pinstage

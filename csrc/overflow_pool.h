@@ -1,0 +1,89 @@
+// OverflowPool: pinned blocks that serve requests the ring cannot hold right now (its room is still
+// in flight, or the request is larger than the ring). The same rule as the ring: a block goes back
+// to the free list only after the event recorded behind the copy that read it has completed.
+// Blocks are kept (power-of-two sizes) for reuse; they are freed only with the process.
+// Not thread-safe: the owning StagingRing serialises access.
+#pragma once
+#ifdef PINSTAGE_WITH_CUDA
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "event_pool.h"
+
+namespace pinstage {
+
+class OverflowPool {
+ public:
+  struct Block {
+    uint8_t* data = nullptr;
+    size_t bytes = 0;
+  };
+
+  explicit OverflowPool(c10::DeviceIndex device) : device_(device) {}
+  OverflowPool(const OverflowPool&) = delete;
+  OverflowPool& operator=(const OverflowPool&) = delete;
+
+  // A block of at least `bytes`; from the free list when one fits, else freshly pinned.
+  Block take(size_t bytes, EventPool& events) {
+    release_completed(events);
+    const size_t size = round_size(bytes);
+    auto it = free_.lower_bound(size);
+    if (it != free_.end()) {
+      Block b = it->second;
+      free_.erase(it);
+      return b;
+    }
+    c10::cuda::CUDAGuard guard(device_);
+    void* p = nullptr;
+    C10_CUDA_CHECK(cudaHostAlloc(&p, size, cudaHostAllocPortable));
+    reserved_bytes_ += size;
+    return Block{static_cast<uint8_t*>(p), size};
+  }
+
+  void seal(const Block& b, cudaEvent_t done) { in_flight_.emplace_back(b, done); }
+
+  void give_back(const Block& b) { free_.emplace(b.bytes, b); }
+
+  void release_completed(EventPool& events) {
+    for (size_t i = 0; i < in_flight_.size();) {
+      if (event_done(in_flight_[i].second)) {
+        events.release(in_flight_[i].second);
+        give_back(in_flight_[i].first);
+        in_flight_[i] = in_flight_.back();
+        in_flight_.pop_back();
+      } else {
+        ++i;
+      }
+    }
+  }
+
+  size_t reserved_bytes() const { return reserved_bytes_; }
+  size_t in_flight_bytes() const {
+    size_t n = 0;
+    for (const auto& f : in_flight_) n += f.first.bytes;
+    return n;
+  }
+
+ private:
+  static size_t round_size(size_t bytes) {
+    size_t s = size_t{1} << 16;  // 64 KiB floor: fewer, reusable blocks
+    while (s < bytes) s <<= 1;
+    return s;
+  }
+
+  c10::DeviceIndex device_;
+  std::multimap<size_t, Block> free_;
+  std::vector<std::pair<Block, cudaEvent_t>> in_flight_;
+  size_t reserved_bytes_ = 0;
+};
+
+}  // namespace pinstage
+
+#endif  // PINSTAGE_WITH_CUDA

@@ -1,0 +1,157 @@
+// RingAllocator: first-in-first-out byte ranges over a fixed buffer, each held until a completion
+// fence says nothing reads it any more.
+//
+// It knows nothing about CUDA: a Fence is any value that release_completed's predicate can ask
+// "done yet?" without blocking. StagingRing uses CUDA events; the tests use markers they complete
+// by hand, so the allocation logic (alignment, wraparound, no reuse before completion, counters)
+// is checked without a GPU.
+//
+// Invariant: a byte handed out by try_reserve is handed out again only after the region that held
+// it was released, and a region is released only when it is abandoned (nothing read it) or when its
+// fence is done and every older region has been released (release is strictly in order, so a done
+// region behind a pending one stays held: conservative, never unsafe).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <stdexcept>
+
+namespace pinstage {
+
+template <class Fence>
+class RingAllocator {
+ public:
+  struct Reservation {
+    size_t offset;    // first byte of the caller's data, aligned as asked
+    uint64_t ticket;  // names the region in seal() / abandon()
+  };
+
+  explicit RingAllocator(size_t capacity) : capacity_(capacity) {}
+
+  size_t capacity() const { return capacity_; }
+  size_t in_flight_bytes() const { return held_bytes_; }
+  size_t peak_in_flight_bytes() const { return peak_held_bytes_; }
+  uint64_t wraps() const { return wraps_; }
+  size_t pending_regions() const { return regions_.size(); }
+
+  // Returns a region of `bytes` (> 0) at an offset that is a multiple of `alignment` (a power of
+  // two), or nullopt when the free room cannot hold it right now.
+  std::optional<Reservation> try_reserve(size_t bytes, size_t alignment) {
+    if (bytes == 0 || bytes > capacity_) return std::nullopt;
+    if (regions_.empty()) head_ = 0;  // nothing held: start over at the front, the largest gap
+    const size_t tail = regions_.empty() ? 0 : regions_.front().begin;
+    const bool full = !regions_.empty() && head_ == tail;
+    if (full) return std::nullopt;
+    size_t offset;
+    bool wrapped = false;
+    if (regions_.empty() || head_ > tail) {
+      // Free room is [head, capacity) then [0, tail).
+      const size_t aligned = align_up(head_, alignment);
+      if (aligned + bytes <= capacity_) {
+        offset = aligned;
+      } else if (bytes <= tail) {
+        offset = 0;  // the unused end of the ring is held by this region until it is released
+        wrapped = true;
+      } else {
+        return std::nullopt;
+      }
+    } else {
+      // head < tail: free room is [head, tail).
+      const size_t aligned = align_up(head_, alignment);
+      if (aligned + bytes > tail) return std::nullopt;
+      offset = aligned;
+    }
+    const size_t end = offset + bytes;
+    const size_t held = wrapped ? (capacity_ - head_) + end : end - head_;
+    regions_.push_back(Region{head_, held, State::kWriting, Fence{}});
+    head_ = end == capacity_ ? 0 : end;
+    held_bytes_ += held;
+    if (held_bytes_ > peak_held_bytes_) peak_held_bytes_ = held_bytes_;
+    if (wrapped) ++wraps_;
+    return Reservation{offset, next_ticket_++};
+  }
+
+  // The copy that reads the region is enqueued and `fence` completes after it.
+  void seal(uint64_t ticket, Fence fence) {
+    Region& r = region(ticket);
+    r.fence = fence;
+    r.state = State::kSealed;
+  }
+
+  // Nothing will read the region (its writer failed before enqueueing a copy).
+  void abandon(uint64_t ticket) { region(ticket).state = State::kAbandoned; }
+
+  // Releases, oldest first, every region that is abandoned or whose fence is done, stopping at the
+  // first that is still being written or still in flight. `recycle` gets each released fence.
+  // Returns the number of regions released.
+  template <class IsDone, class Recycle>
+  size_t release_completed(IsDone&& is_done, Recycle&& recycle) {
+    size_t released = 0;
+    while (!regions_.empty()) {
+      Region& r = regions_.front();
+      if (r.state == State::kWriting) break;
+      if (r.state == State::kSealed) {
+        if (!is_done(r.fence)) break;
+        recycle(r.fence);
+      }
+      held_bytes_ -= r.held;
+      regions_.pop_front();
+      ++first_ticket_;
+      ++released;
+    }
+    return released;
+  }
+
+  // The fence of the oldest region when that region is sealed; nullptr when there is none, or when
+  // the oldest region is still being written (there is nothing to wait on yet).
+  const Fence* oldest_fence() const {
+    if (regions_.empty() || regions_.front().state != State::kSealed) return nullptr;
+    return &regions_.front().fence;
+  }
+
+  // Visits the fence of every sealed region still held (for draining a ring that is retired).
+  template <class Visit>
+  void for_each_sealed_fence(Visit&& visit) const {
+    for (const Region& r : regions_) {
+      if (r.state == State::kSealed) visit(r.fence);
+    }
+  }
+
+  bool has_writers() const {
+    for (const Region& r : regions_) {
+      if (r.state == State::kWriting) return true;
+    }
+    return false;
+  }
+
+ private:
+  enum class State : uint8_t { kWriting, kSealed, kAbandoned };
+  struct Region {
+    size_t begin;  // first held byte: where head stood when reserved (padding belongs to the region)
+    size_t held;   // bytes from begin to the end of the data, across the wrap if there was one
+    State state;
+    Fence fence;
+  };
+
+  static size_t align_up(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
+
+  Region& region(uint64_t ticket) {
+    if (ticket < first_ticket_ || ticket - first_ticket_ >= regions_.size()) {
+      throw std::logic_error("RingAllocator: unknown or already released ticket");
+    }
+    return regions_[ticket - first_ticket_];
+  }
+
+  size_t capacity_;
+  size_t head_ = 0;  // next free byte
+  std::deque<Region> regions_;
+  uint64_t first_ticket_ = 0;  // ticket of regions_.front()
+  uint64_t next_ticket_ = 0;
+  size_t held_bytes_ = 0;
+  size_t peak_held_bytes_ = 0;
+  uint64_t wraps_ = 0;
+};
+
+}  // namespace pinstage

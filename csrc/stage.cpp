@@ -1,0 +1,271 @@
+#include "stage.h"
+
+#include <ATen/record_function.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <cstring>
+#include <string>
+
+#include "dtypes.h"
+#include "item_plan.h"
+#include "staging_registry.h"
+#include "target.h"
+
+#ifdef PINSTAGE_WITH_CUDA
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
+namespace py = pybind11;
+
+namespace pinstage {
+namespace {
+
+size_t align_up(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
+
+// A named range in the torch profiler for each call; free when no profiler is attached.
+struct ProfilerRange {
+  at::RecordFunction record{at::RecordScope::USER_SCOPE};
+  explicit ProfilerRange(const char* name) {
+    if (C10_UNLIKELY(record.isActive())) record.before(name);
+  }
+};
+
+at::Tensor stage_on_cpu(ItemPlan& plan) {
+  at::Tensor out = host_tensor(plan);
+  auto& c = cpu_counters();
+  c.calls.fetch_add(1, std::memory_order_relaxed);
+  c.bytes_staged.fetch_add(plan.nbytes, std::memory_order_relaxed);
+  if (plan.via_fallback) c.fallbacks.fetch_add(1, std::memory_order_relaxed);
+  return out;
+}
+
+// Re-raises a Python error from item `i` of stage_many with the item named, same exception type.
+[[noreturn]] void rethrow_for_item(py::error_already_set& e, size_t i) {
+  const std::string msg = "pinstage.stage_many: item " + std::to_string(i) + ": " + py::str(e.value()).cast<std::string>();
+  PyErr_SetString(e.type().ptr(), msg.c_str());
+  throw py::error_already_set();
+}
+
+#ifdef PINSTAGE_WITH_CUDA
+
+// A ring lease that is abandoned unless the copy that reads it was committed: an exception between
+// reserve and copy (bad input, out of device memory) must not leave a region held forever.
+class LeaseGuard {
+ public:
+  LeaseGuard(StagingRing& ring, size_t bytes) : ring_(ring) {
+    for (;;) {
+      if (auto lease = ring.try_acquire(bytes)) {
+        lease_ = *lease;
+        return;
+      }
+      py::gil_scoped_release no_gil;  // on_full="wait": let other Python threads run meanwhile
+      ring.wait_for_oldest();
+    }
+  }
+  ~LeaseGuard() {
+    if (lease_.data != nullptr) ring_.abandon(lease_);
+  }
+  LeaseGuard(const LeaseGuard&) = delete;
+  LeaseGuard& operator=(const LeaseGuard&) = delete;
+
+  uint8_t* data() const { return lease_.data; }
+  void commit(cudaStream_t stream) { ring_.commit(lease_, stream); }
+
+ private:
+  StagingRing& ring_;
+  HostLease lease_;
+};
+
+// Allocates on `stream` through the caching allocator, exactly as a torch op on that stream would
+// (the allocator files the block under the current stream).
+at::Tensor empty_on_stream(at::IntArrayRef shape, c10::ScalarType dtype, const c10::cuda::CUDAStream& stream) {
+  const auto opts = at::TensorOptions().dtype(dtype).device(c10::kCUDA, stream.device_index());
+  if (c10::cuda::getCurrentCUDAStream(stream.device_index()) == stream) return at::empty(shape, opts);
+  c10::cuda::CUDAStreamGuard guard(stream);
+  return at::empty(shape, opts);
+}
+
+void copy_to_device(void* dst, const void* src, size_t bytes, const c10::cuda::CUDAStream& stream) {
+  C10_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream.stream()));
+}
+
+void count(StagingRing& ring, size_t bytes, size_t fallbacks) {
+  auto& c = ring.counters();
+  c.calls.fetch_add(1, std::memory_order_relaxed);
+  c.bytes_staged.fetch_add(bytes, std::memory_order_relaxed);
+  if (bytes > 0) c.copies.fetch_add(1, std::memory_order_relaxed);
+  if (fallbacks > 0) c.fallbacks.fetch_add(fallbacks, std::memory_order_relaxed);
+}
+
+// A tensor of `dtype` and `shape` over `buffer`'s storage at `byte_offset`: a view made without
+// the dispatcher (stage_many returns several per call).
+at::Tensor typed_view(const at::Tensor& buffer, size_t byte_offset, c10::ScalarType dtype, at::IntArrayRef shape) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(buffer.storage()), buffer.key_set(),
+                                                   c10::scalarTypeToTypeMeta(dtype));
+  impl->set_storage_offset(static_cast<int64_t>(byte_offset / c10::elementSize(dtype)));
+  impl->set_sizes_contiguous(shape);
+  return at::Tensor(std::move(impl));
+}
+
+#endif  // PINSTAGE_WITH_CUDA
+
+}  // namespace
+
+at::Tensor stage_to_device(PyObject* data, PyObject* dtype_obj, PyObject* stream, PyObject* device) {
+  ProfilerRange range("pinstage::stage_to_device");
+  const c10::ScalarType dtype = parse_dtype(dtype_obj, "dtype");
+  const Target target = resolve_target(stream, device);
+  if (!target.cuda) {
+    ItemPlan plan = plan_item(data, dtype);
+    return stage_on_cpu(plan);
+  }
+#ifdef PINSTAGE_WITH_CUDA
+  const c10::cuda::CUDAStream& s = *target.stream;
+  check_not_capturing(s, "stage_to_device");
+  c10::cuda::CUDAGuard device_guard(target.index);
+  ItemPlan plan = plan_item(data, dtype);
+  StagingRing& ring = ring_for(target.index);
+  if (plan.nbytes == 0) {
+    write_item(plan, nullptr);  // validates (a ragged empty list still raises) and writes nothing
+    count(ring, 0, plan.via_fallback);
+    return empty_on_stream(plan.shape, dtype, s);
+  }
+  LeaseGuard lease(ring, plan.nbytes);
+  write_item(plan, lease.data());
+  at::Tensor out = empty_on_stream(plan.shape, dtype, s);
+  copy_to_device(out.data_ptr(), lease.data(), plan.nbytes, s);
+  lease.commit(s.stream());
+  count(ring, plan.nbytes, plan.via_fallback);
+  return out;
+#else
+  TORCH_INTERNAL_ASSERT(false, "unreachable: CUDA target in a CPU-only build");
+#endif
+}
+
+std::vector<at::Tensor> stage_many(PyObject* items, PyObject* stream, PyObject* device) {
+  ProfilerRange range("pinstage::stage_many");
+  py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(items, "pinstage.stage_many: items must be a sequence of (data, dtype) pairs"));
+  if (!seq) throw py::error_already_set();
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
+  PyObject** pairs = PySequence_Fast_ITEMS(seq.ptr());
+  const Target target = resolve_target(stream, device);
+#ifdef PINSTAGE_WITH_CUDA
+  if (target.cuda) check_not_capturing(*target.stream, "stage_many");
+  std::optional<c10::cuda::CUDAGuard> device_guard;
+  if (target.cuda) device_guard.emplace(target.index);
+#endif
+
+  std::vector<ItemPlan> plans;
+  plans.reserve(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* pair = pairs[i];
+    TORCH_CHECK_TYPE((PyTuple_Check(pair) || PyList_Check(pair)) && PySequence_Fast_GET_SIZE(pair) == 2,
+                     "pinstage.stage_many: item ", i, " must be a (data, dtype) pair, got ", Py_TYPE(pair)->tp_name);
+    PyObject** fields = PySequence_Fast_ITEMS(pair);
+    try {
+      plans.push_back(plan_item(fields[0], parse_dtype(fields[1], "dtype")));
+    } catch (py::error_already_set& e) {
+      rethrow_for_item(e, static_cast<size_t>(i));
+    } catch (const c10::Error& e) {
+      // Keep the exception's class (TypeError stays TypeError) and name the item.
+      if (dynamic_cast<const c10::TypeError*>(&e)) TORCH_CHECK_TYPE(false, "pinstage.stage_many: item ", i, ": ", e.what_without_backtrace());
+      if (dynamic_cast<const c10::ValueError*>(&e)) TORCH_CHECK_VALUE(false, "pinstage.stage_many: item ", i, ": ", e.what_without_backtrace());
+      throw;
+    }
+  }
+
+  std::vector<at::Tensor> results;
+  results.reserve(plans.size());
+  if (!target.cuda) {
+    for (size_t i = 0; i < plans.size(); ++i) {
+      try {
+        results.push_back(stage_on_cpu(plans[i]));
+      } catch (py::error_already_set& e) {
+        rethrow_for_item(e, i);
+      }
+    }
+    return results;
+  }
+#ifdef PINSTAGE_WITH_CUDA
+  const c10::cuda::CUDAStream& s = *target.stream;
+  // One region holds every item, each at an aligned offset; the device buffer mirrors that layout
+  // so that a single copy moves them all.
+  std::vector<size_t> offsets(plans.size());
+  size_t total = 0;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    offsets[i] = align_up(total, kStagingAlignment);
+    total = offsets[i] + plans[i].nbytes;
+  }
+  StagingRing& ring = ring_for(target.index);
+  std::optional<LeaseGuard> lease;
+  if (total > 0) lease.emplace(ring, total);
+  size_t fallbacks = 0;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    try {
+      write_item(plans[i], plans[i].nbytes > 0 ? lease->data() + offsets[i] : nullptr);
+    } catch (py::error_already_set& e) {
+      rethrow_for_item(e, i);  // the lease guard gives the region back
+    }
+    fallbacks += plans[i].via_fallback ? 1 : 0;
+  }
+  at::Tensor buffer = empty_on_stream({static_cast<int64_t>(total)}, c10::ScalarType::Byte, s);
+  if (total > 0) {
+    copy_to_device(buffer.data_ptr(), lease->data(), total, s);
+    lease->commit(s.stream());
+  }
+  count(ring, total, fallbacks);
+  for (size_t i = 0; i < plans.size(); ++i) results.push_back(typed_view(buffer, offsets[i], plans[i].dtype, plans[i].shape));
+  return results;
+#else
+  TORCH_INTERNAL_ASSERT(false, "unreachable: CUDA target in a CPU-only build");
+#endif
+}
+
+void stage_into(PyObject* data, PyObject* out_obj, PyObject* stream) {
+  ProfilerRange range("pinstage::stage_into");
+  TORCH_CHECK_TYPE(THPVariable_Check(out_obj), "pinstage.stage_into: out must be a torch.Tensor, got ", Py_TYPE(out_obj)->tp_name);
+  const at::Tensor& out = THPVariable_Unpack(out_obj);
+  const c10::ScalarType dtype = out.scalar_type();
+  TORCH_CHECK_TYPE(is_supported_dtype(dtype), "pinstage.stage_into: out has unsupported dtype ", dtype_name(dtype));
+  TORCH_CHECK_VALUE(out.is_contiguous(), "pinstage.stage_into: out must be contiguous");
+  ItemPlan plan = plan_item(data, dtype);
+  TORCH_CHECK_VALUE(plan.numel == out.numel(), "pinstage.stage_into: data has ", plan.numel, " elements (shape ",
+                    c10::IntArrayRef(plan.shape), ") but out has ", out.numel(), " (shape ", out.sizes(), ")");
+  if (out.device().is_cpu()) {
+    TORCH_CHECK_VALUE(stream == Py_None, "pinstage.stage_into: out is on the CPU; no stream applies");
+    // Through a temporary: a bad element must leave out as it was.
+    at::Tensor values = stage_on_cpu(plan);
+    if (plan.nbytes > 0) std::memcpy(out.data_ptr(), values.data_ptr(), plan.nbytes);
+    return;
+  }
+#ifdef PINSTAGE_WITH_CUDA
+  TORCH_CHECK_VALUE(out.is_cuda(), "pinstage.stage_into: out must be on the CPU or a CUDA device, got ", out.device().str());
+  const c10::DeviceIndex index = out.device().index();
+  c10::cuda::CUDAStream s = c10::cuda::getCurrentCUDAStream(index);
+  if (stream != Py_None) {
+    const Target target = resolve_target(stream, Py_None);
+    TORCH_CHECK_VALUE(target.index == index, "pinstage.stage_into: stream is on cuda:", static_cast<int>(target.index),
+                      " but out is on ", out.device().str());
+    s = *target.stream;
+  }
+  check_not_capturing(s, "stage_into");
+  c10::cuda::CUDAGuard device_guard(index);
+  StagingRing& ring = ring_for(index);
+  if (plan.nbytes == 0) {
+    write_item(plan, nullptr);
+    count(ring, 0, plan.via_fallback);
+    return;
+  }
+  LeaseGuard lease(ring, plan.nbytes);
+  write_item(plan, lease.data());
+  copy_to_device(out.data_ptr(), lease.data(), plan.nbytes, s);
+  lease.commit(s.stream());
+  count(ring, plan.nbytes, plan.via_fallback);
+#else
+  TORCH_CHECK_VALUE(false, "pinstage.stage_into: out is on ", out.device().str(), " but pinstage was built without CUDA");
+#endif
+}
+
+}  // namespace pinstage

@@ -1,0 +1,181 @@
+#ifdef PINSTAGE_WITH_CUDA
+#include "staging_ring.h"
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
+
+#include <thread>
+
+namespace pinstage {
+namespace {
+
+// Reclaiming asks each region's event; doing it only every so many regions (or when room runs
+// out) keeps the per-call cost at a fraction of one cudaEventQuery, while bounding how many events
+// are out at once.
+constexpr size_t kReclaimEvery = 32;
+
+void free_pinned(uint8_t* p) {
+  if (p != nullptr) C10_CUDA_CHECK(cudaFreeHost(p));
+}
+
+}  // namespace
+
+StagingRing::StagingRing(c10::DeviceIndex device, size_t capacity, OnFull on_full)
+    : device_(device),
+      slab_(std::make_unique<Slab>(capacity)),
+      capacity_(capacity),
+      on_full_(on_full),
+      events_(device),
+      overflow_(device) {}
+
+void StagingRing::release_completed_locked() {
+  auto recycle = [this](cudaEvent_t e) { events_.release(e); };
+  slab_->ring.release_completed(event_done, recycle);
+  for (size_t i = 0; i < retired_.size();) {
+    Slab& s = *retired_[i];
+    s.ring.release_completed(event_done, recycle);
+    if (s.ring.pending_regions() == 0) {
+      free_pinned(s.base);
+      retired_.erase(retired_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+}
+
+std::optional<HostLease> StagingRing::try_acquire(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Slab& slab = *slab_;
+  if (slab.base == nullptr) {
+    c10::cuda::CUDAGuard guard(device_);
+    void* p = nullptr;
+    // Portable: the copy engine of any device may read it, whichever device is current later.
+    C10_CUDA_CHECK(cudaHostAlloc(&p, capacity_, cudaHostAllocPortable));
+    slab.base = static_cast<uint8_t*>(p);
+  }
+  if (slab.ring.pending_regions() >= kReclaimEvery || !retired_.empty()) release_completed_locked();
+  auto r = slab.ring.try_reserve(bytes, kStagingAlignment);
+  if (!r) {
+    release_completed_locked();
+    r = slab.ring.try_reserve(bytes, kStagingAlignment);
+  }
+  if (r) {
+    HostLease lease;
+    lease.data = slab.base + r->offset;
+    lease.slab = &slab;
+    lease.ticket = r->ticket;
+    return lease;
+  }
+  const OnFull mode = on_full();
+  const bool can_ever_fit = bytes <= capacity_;
+  if (mode == OnFull::kError) {
+    TORCH_CHECK(false, "pinstage: the staging ring of cuda:", static_cast<int>(device_), " has no room for ",
+                bytes, " bytes (", slab.ring.in_flight_bytes(), " of ", capacity_,
+                " bytes are still read by in-flight copies) and on_full=\"error\"; raise ring_bytes with "
+                "pinstage.configure(ring_bytes=...) or use on_full=\"overflow\"");
+  }
+  if (mode == OnFull::kWait && can_ever_fit) return std::nullopt;
+  // Overflow: on_full="overflow", or a request larger than the whole ring (waiting cannot help).
+  HostLease lease;
+  lease.block = overflow_.take(bytes, events_);
+  lease.data = lease.block.data;
+  ++overflows_;
+  return lease;
+}
+
+void StagingRing::wait_for_oldest() {
+  cudaEvent_t oldest = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (const cudaEvent_t* f = slab_->ring.oldest_fence()) oldest = *f;
+    ++waits_;
+  }
+  if (oldest == nullptr) {
+    // The oldest region is still being written by another thread: nothing to wait on yet.
+    std::this_thread::yield();
+    return;
+  }
+  // This is the one blocking call in pinstage; honour torch's sync debug mode like torch's own.
+  const auto mode = c10::cuda::warning_state().get_sync_debug_mode();
+  TORCH_CHECK(mode != c10::cuda::SyncDebugMode::L_ERROR,
+              "pinstage: on_full=\"wait\" must wait for an in-flight copy (the staging ring is full), "
+              "and synchronisation is an error here (torch.cuda.set_sync_debug_mode / pinstage.testing.no_sync)");
+  if (mode == c10::cuda::SyncDebugMode::L_WARN) {
+    TORCH_WARN("pinstage: on_full=\"wait\" is waiting for an in-flight copy (the staging ring is full)");
+  }
+  // The event may be recycled by another thread once released, but only after it completed, and
+  // a recorded-then-completed event stays completed until it is recorded again behind new work;
+  // waiting on it then still terminates. No lock is held while waiting.
+  C10_CUDA_CHECK(cudaEventSynchronize(oldest));
+}
+
+void StagingRing::commit(HostLease& lease, cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cudaEvent_t e = events_.acquire();
+  C10_CUDA_CHECK(cudaEventRecord(e, stream));
+  if (lease.slab != nullptr) {
+    lease.slab->ring.seal(lease.ticket, e);
+  } else {
+    overflow_.seal(lease.block, e);
+  }
+  lease = HostLease{};
+}
+
+void StagingRing::abandon(HostLease& lease) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (lease.slab != nullptr) {
+    lease.slab->ring.abandon(lease.ticket);
+  } else if (lease.block.data != nullptr) {
+    overflow_.give_back(lease.block);
+  }
+  lease = HostLease{};
+}
+
+void StagingRing::set_options(std::optional<size_t> capacity, std::optional<OnFull> on_full) {
+  if (on_full) on_full_.store(*on_full, std::memory_order_relaxed);
+  if (!capacity || *capacity == capacity_) return;
+  TORCH_CHECK_VALUE(*capacity > 0, "pinstage: ring_bytes must be positive, got ", *capacity);
+  std::lock_guard<std::mutex> lock(mu_);
+  release_completed_locked();
+  retire_slab_locked();
+  slab_ = std::make_unique<Slab>(*capacity);
+  capacity_ = *capacity;
+}
+
+void StagingRing::retire_slab_locked() {
+  Slab& old = *slab_;
+  wraps_retired_ += old.ring.wraps();
+  if (old.ring.peak_in_flight_bytes() > peak_retired_) peak_retired_ = old.ring.peak_in_flight_bytes();
+  if (old.ring.pending_regions() == 0) {
+    free_pinned(old.base);
+  } else {
+    // Copies (or writers holding leases) still read it: keep it until they are done.
+    retired_.push_back(std::move(slab_));
+  }
+}
+
+StagingRing::Snapshot StagingRing::snapshot() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (slab_->base != nullptr) release_completed_locked();
+  const auto& ring = slab_->ring;
+  size_t retired_in_flight = 0;
+  for (const auto& s : retired_) retired_in_flight += s->ring.in_flight_bytes();
+  Snapshot s{};
+  s.ring_bytes = capacity_;
+  s.allocated = slab_->base != nullptr;
+  s.in_flight_bytes = ring.in_flight_bytes() + retired_in_flight;
+  s.peak_in_flight_bytes = std::max(ring.peak_in_flight_bytes(), peak_retired_);
+  s.pending_regions = ring.pending_regions();
+  s.overflows = overflows_;
+  s.waits = waits_;
+  s.wraps = ring.wraps() + wraps_retired_;
+  s.events_created = events_.created();
+  s.overflow_reserved_bytes = overflow_.reserved_bytes();
+  s.overflow_in_flight_bytes = overflow_.in_flight_bytes();
+  return s;
+}
+
+}  // namespace pinstage
+#endif  // PINSTAGE_WITH_CUDA

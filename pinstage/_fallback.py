@@ -1,0 +1,57 @@
+"""torch.tensor's own conversion, for whatever the compiled fast path declines.
+
+The fast path converts Python ints, floats and bools (flat or nested lists, tuples, range). Anything
+else (numpy arrays and scalars, buffer objects, values torch would wrap or reject, ragged lists)
+comes here, so results and errors are torch.tensor's by construction. Errors keep torch's exception
+type; the message gains the index, value and dtype of the first element torch refuses.
+"""
+import torch
+
+
+def host_tensor(data, dtype):
+    """torch.tensor(data, dtype=dtype), with errors that name the offending element."""
+    try:
+        return torch.tensor(data, dtype=dtype)
+    except Exception as exc:  # re-raised below with the same type
+        raise _with_location(exc, data, dtype) from None
+
+
+def _with_location(exc, data, dtype):
+    where = _first_refused_element(data, dtype)
+    if where is None:
+        detail = "%s (dtype %s)" % (exc, dtype)
+    else:
+        index, value = where
+        detail = "element %s = %s cannot be converted to %s: %s" % (
+            "".join("[%d]" % i for i in index), _short_repr(value), dtype, exc)
+    try:
+        return type(exc)("pinstage: " + detail)
+    except Exception:  # an exception class that cannot be built from one message: keep torch's
+        return exc
+
+
+def _short_repr(value, limit=60):
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _first_refused_element(data, dtype, index=()):
+    """(index, value) of the first element, in row-major order, that torch.tensor refuses on its
+    own, or of the first sequence whose length breaks the rectangle; None if none is found."""
+    if isinstance(data, (list, tuple)):
+        expected = None
+        for i, item in enumerate(data):
+            if isinstance(item, (list, tuple)):
+                if expected is None:
+                    expected = len(item)
+                elif len(item) != expected:
+                    return index + (i,), item
+            found = _first_refused_element(item, dtype, index + (i,))
+            if found is not None:
+                return found
+        return None
+    try:
+        torch.tensor(data, dtype=dtype)
+    except Exception:
+        return index, data
+    return None
