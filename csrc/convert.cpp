@@ -41,8 +41,10 @@ inline bool store_integral(PyObject* o, T* out) {
     // raise there. 2^63 / 2^64 bound the casts that are defined for 64-bit targets.
     if (!std::isfinite(d)) return false;
     if (d < static_cast<double>(Limits::lowest()) || d > static_cast<double>(Limits::max())) return false;
-    if constexpr (sizeof(T) == 8) {
-      if (d >= (Limits::is_signed ? 9223372036854775808.0 : 18446744073709551616.0)) return false;
+    // torch refuses floats for uint64 ("an integer is required"); 2^63 bounds the int64 cast.
+    if constexpr (std::is_same_v<T, uint64_t>) return false;
+    if constexpr (std::is_same_v<T, int64_t>) {
+      if (d >= 9223372036854775808.0) return false;
     }
     *out = static_cast<T>(d);
     return true;

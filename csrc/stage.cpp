@@ -2,6 +2,7 @@
 
 #include <ATen/record_function.h>
 #include <ATen/ops/empty.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstring>
@@ -228,7 +229,8 @@ void stage_into(PyObject* data, PyObject* out_obj, PyObject* stream) {
   TORCH_CHECK_TYPE(THPVariable_Check(out_obj), "pinstage.stage_into: out must be a torch.Tensor, got ", Py_TYPE(out_obj)->tp_name);
   const at::Tensor& out = THPVariable_Unpack(out_obj);
   const c10::ScalarType dtype = out.scalar_type();
-  TORCH_CHECK_TYPE(is_supported_dtype(dtype), "pinstage.stage_into: out has unsupported dtype ", dtype_name(dtype));
+  TORCH_CHECK_TYPE(is_supported_dtype(dtype), "pinstage.stage_into: out has unsupported dtype ",
+                   py::str(reinterpret_cast<PyObject*>(torch::getTHPDtype(dtype))).cast<std::string>());
   TORCH_CHECK_VALUE(out.is_contiguous(), "pinstage.stage_into: out must be contiguous");
   ItemPlan plan = plan_item(data, dtype);
   TORCH_CHECK_VALUE(plan.numel == out.numel(), "pinstage.stage_into: data has ", plan.numel, " elements (shape ",
