@@ -78,6 +78,8 @@ def test_edge_starts(bs):
         (4, -1, ValueError, r"request 2: extend_logprob_start_lens must be in \[0, extend_seq_lens=4\]"),
         (4, 5, ValueError, r"request 2: extend_logprob_start_lens must be in \[0, extend_seq_lens=4\]"),
         (4, None, TypeError, r"request 2: extend_seq_lens and extend_logprob_start_lens must be ints"),
+        (2.5, 0, TypeError, r"request 2: extend_seq_lens and extend_logprob_start_lens must be ints"),
+        ("4", 0, TypeError, r"request 2: extend_seq_lens and extend_logprob_start_lens must be ints"),
     ],
 )
 def test_invalid_lengths_name_the_request(bs, n, start, error, message):

@@ -9,6 +9,7 @@ last row, to sample from. Worked example: lens [4, 5, 6], starts [0, 5, 3] give
   input_logprob_indices [0, 1, 2, 3, 5, 6, 7]         kept rows that carry an input logprob
   pruned_lens           [4, 1, 3]                     rows kept per request
 """
+import numbers
 from dataclasses import dataclass
 from itertools import accumulate, chain
 from operator import add, eq, sub
@@ -45,9 +46,15 @@ def _indices_from_lists(lens, starts):
     return sample_indices, input_logprob, pruned_lens, rows
 
 
-def _indices_from_arrays(lens, starts):
-    lens = np.asarray(lens, dtype=np.int64)
-    starts = np.asarray(starts, dtype=np.int64)
+def _indices_from_arrays(len_list, start_list):
+    # Inferred, not forced, dtype: a float or str length must be an error, not truncated or parsed.
+    lens = np.asarray(len_list)
+    starts = np.asarray(start_list)
+    if lens.dtype.kind != "i" or starts.dtype.kind != "i":
+        _raise_first_invalid(len_list, start_list)
+    logprob_lens = lens - starts
+    if lens.min() < 1 or starts.min() < 0 or logprob_lens.min() < 0:
+        _raise_first_invalid(len_list, start_list)
     sample_only = starts == lens
     kept_from = starts - sample_only
     pruned_lens = lens - kept_from
@@ -59,41 +66,54 @@ def _indices_from_arrays(lens, starts):
     rows += np.arange(total_kept)
     # Input-logprob entry k of request i is kept row k + (sample-only rows of requests before i).
     sample_only_before = sample_only.cumsum() - sample_only
-    input_logprob = np.repeat(sample_only_before, lens - starts)
+    input_logprob = np.repeat(sample_only_before, logprob_lens)
     input_logprob += np.arange(input_logprob.size)
     return sample_indices, input_logprob, pruned_lens, rows
 
 
-def _check(lens, starts):
-    if len(lens) != len(starts):
-        raise ValueError(
-            f"extend_seq_lens has {len(lens)} entries but extend_logprob_start_lens has {len(starts)}"
-        )
+def _check_lists(lens, starts):
     try:
         ok = not lens or (min(lens) >= 1 and min(starts) >= 0 and min(map(sub, lens, starts)) >= 0)
     except TypeError:
         ok = False
-    if ok:
-        return
+    if not ok:
+        _raise_first_invalid(lens, starts)
+
+
+def _raise_first_invalid(lens, starts):
     for i, (n, s) in enumerate(zip(lens, starts)):
-        if not isinstance(n, int) or not isinstance(s, int):
-            raise TypeError(f"request {i}: extend_seq_lens and extend_logprob_start_lens must be ints")
+        if not isinstance(n, numbers.Integral) or not isinstance(s, numbers.Integral):
+            raise TypeError(
+                f"request {i}: extend_seq_lens and extend_logprob_start_lens must be ints, "
+                f"got {type(n).__name__} and {type(s).__name__}"
+            )
         if n < 1:
             raise ValueError(f"request {i}: extend_seq_lens must be >= 1, got {n}")
         if not 0 <= s <= n:
             raise ValueError(
                 f"request {i}: extend_logprob_start_lens must be in [0, extend_seq_lens={n}], got {s}"
             )
+    raise TypeError("extend_seq_lens and extend_logprob_start_lens must be lists of ints")
 
 
 def build_logprob_indices(
     extend_seq_lens, extend_logprob_start_lens, *, backend="pinstage", stream=None, device=None
 ):
-    """Lists of ints (one per request) -> LogprobIndices, the four tensors staged in one copy."""
-    _check(extend_seq_lens, extend_logprob_start_lens)
-    if len(extend_seq_lens) >= _NUMPY_FROM_BATCH_SIZE:
-        values = _indices_from_arrays(extend_seq_lens, extend_logprob_start_lens)
+    """Lists of ints (one per request) -> LogprobIndices, the four tensors staged in one copy.
+
+    Raises ValueError naming the request when a length is < 1 or a start is outside [0, length],
+    TypeError when one is not an int.
+    """
+    lens, starts = extend_seq_lens, extend_logprob_start_lens
+    if len(lens) != len(starts):
+        raise ValueError(f"extend_seq_lens has {len(lens)} entries but extend_logprob_start_lens has {len(starts)}")
+    if len(lens) >= _NUMPY_FROM_BATCH_SIZE:
+        values = _indices_from_arrays(lens, starts)
     else:
-        values = _indices_from_lists(extend_seq_lens, extend_logprob_start_lens)
+        _check_lists(lens, starts)
+        try:
+            values = _indices_from_lists(lens, starts)
+        except TypeError:  # a float length passes min() but not range()
+            _raise_first_invalid(lens, starts)
     tensors = stage([(v, torch.int64) for v in values], backend, stream, device)
     return LogprobIndices(*tensors)
