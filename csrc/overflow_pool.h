@@ -2,6 +2,7 @@
 // in flight, or the request is larger than the ring). The same rule as the ring: a block goes back
 // to the free list only after the event recorded behind the copy that read it has completed.
 // Blocks are kept (power-of-two sizes) for reuse; they are freed only with the process.
+// Blocks are fenced like ring regions (StreamFence), so one event covers many of them.
 // Not thread-safe: the owning StagingRing serialises access.
 #pragma once
 #ifdef PINSTAGE_WITH_CUDA
@@ -15,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "event_pool.h"
+#include "stream_fence.h"
 
 namespace pinstage {
 
@@ -31,8 +32,8 @@ class OverflowPool {
   OverflowPool& operator=(const OverflowPool&) = delete;
 
   // A block of at least `bytes`; from the free list when one fits, else freshly pinned.
-  Block take(size_t bytes, EventPool& events) {
-    release_completed(events);
+  Block take(size_t bytes, StreamFences& fences) {
+    release_completed(fences);
     const size_t size = round_size(bytes);
     auto it = free_.lower_bound(size);
     if (it != free_.end()) {
@@ -47,14 +48,14 @@ class OverflowPool {
     return Block{static_cast<uint8_t*>(p), size};
   }
 
-  void seal(const Block& b, cudaEvent_t done) { in_flight_.emplace_back(b, done); }
+  void seal(const Block& b, StreamFence* done) { in_flight_.emplace_back(b, done); }
 
   void give_back(const Block& b) { free_.emplace(b.bytes, b); }
 
-  void release_completed(EventPool& events) {
+  void release_completed(StreamFences& fences) {
     for (size_t i = 0; i < in_flight_.size();) {
-      if (event_done(in_flight_[i].second)) {
-        events.release(in_flight_[i].second);
+      if (fences.done(in_flight_[i].second)) {
+        fences.release(in_flight_[i].second);
         give_back(in_flight_[i].first);
         in_flight_[i] = in_flight_.back();
         in_flight_.pop_back();
@@ -80,7 +81,7 @@ class OverflowPool {
 
   c10::DeviceIndex device_;
   std::multimap<size_t, Block> free_;
-  std::vector<std::pair<Block, cudaEvent_t>> in_flight_;
+  std::vector<std::pair<Block, StreamFence*>> in_flight_;
   size_t reserved_bytes_ = 0;
 };
 

@@ -14,6 +14,8 @@
 #include "target.h"
 
 #ifdef PINSTAGE_WITH_CUDA
+#include <ATen/EmptyTensor.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #endif
@@ -80,12 +82,14 @@ class LeaseGuard {
 };
 
 // Allocates on `stream` through the caching allocator, exactly as a torch op on that stream would
-// (the allocator files the block under the current stream).
+// (the allocator files the block under the current stream). empty_generic is what at::empty does
+// for CUDA once the dispatcher has picked the kernel; calling it directly skips the dispatch.
+// The caller holds a device guard for the stream's device.
 at::Tensor empty_on_stream(at::IntArrayRef shape, c10::ScalarType dtype, const c10::cuda::CUDAStream& stream) {
-  const auto opts = at::TensorOptions().dtype(dtype).device(c10::kCUDA, stream.device_index());
-  if (c10::cuda::getCurrentCUDAStream(stream.device_index()) == stream) return at::empty(shape, opts);
-  c10::cuda::CUDAStreamGuard guard(stream);
-  return at::empty(shape, opts);
+  std::optional<c10::cuda::CUDAStreamGuard> stream_guard;
+  if (c10::cuda::getCurrentCUDAStream(stream.device_index()) != stream) stream_guard.emplace(stream);
+  return at::Tensor(at::detail::empty_generic(shape, c10::cuda::CUDACachingAllocator::get(),
+                                              c10::DispatchKeySet(c10::DispatchKey::CUDA), dtype, std::nullopt));
 }
 
 void copy_to_device(void* dst, const void* src, size_t bytes, const c10::cuda::CUDAStream& stream) {

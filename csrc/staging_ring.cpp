@@ -11,9 +11,8 @@
 namespace pinstage {
 namespace {
 
-// Reclaiming asks each region's event; doing it only every so many regions (or when room runs
-// out) keeps the per-call cost at a fraction of one cudaEventQuery, while bounding how many events
-// are out at once.
+// Reclaiming asks the oldest fences whether they are done; doing it only every so many regions (or
+// when room runs out) keeps the per-call cost at a fraction of one cudaEventQuery.
 constexpr size_t kReclaimEvery = 32;
 
 void free_pinned(uint8_t* p) {
@@ -28,14 +27,17 @@ StagingRing::StagingRing(c10::DeviceIndex device, size_t capacity, OnFull on_ful
       capacity_(capacity),
       on_full_(on_full),
       events_(device),
-      overflow_(device) {}
+      overflow_(device),
+      reclaim_at_(kReclaimEvery) {}
 
 void StagingRing::release_completed_locked() {
-  auto recycle = [this](cudaEvent_t e) { events_.release(e); };
-  slab_->ring.release_completed(event_done, recycle);
+  auto is_done = [this](StreamFence* f) { return fences_.done(f); };
+  auto recycle = [this](StreamFence* f) { fences_.release(f); };
+  slab_->ring.release_completed(is_done, recycle);
+  reclaim_at_ = slab_->ring.pending_regions() + kReclaimEvery;
   for (size_t i = 0; i < retired_.size();) {
     Slab& s = *retired_[i];
-    s.ring.release_completed(event_done, recycle);
+    s.ring.release_completed(is_done, recycle);
     if (s.ring.pending_regions() == 0) {
       free_pinned(s.base);
       retired_.erase(retired_.begin() + static_cast<std::ptrdiff_t>(i));
@@ -55,7 +57,7 @@ std::optional<HostLease> StagingRing::try_acquire(size_t bytes) {
     C10_CUDA_CHECK(cudaHostAlloc(&p, capacity_, cudaHostAllocPortable));
     slab.base = static_cast<uint8_t*>(p);
   }
-  if (slab.ring.pending_regions() >= kReclaimEvery || !retired_.empty()) release_completed_locked();
+  if (slab.ring.pending_regions() >= reclaim_at_ || !retired_.empty()) release_completed_locked();
   auto r = slab.ring.try_reserve(bytes, kStagingAlignment);
   if (!r) {
     release_completed_locked();
@@ -79,7 +81,7 @@ std::optional<HostLease> StagingRing::try_acquire(size_t bytes) {
   if (mode == OnFull::kWait && can_ever_fit) return std::nullopt;
   // Overflow: on_full="overflow", or a request larger than the whole ring (waiting cannot help).
   HostLease lease;
-  lease.block = overflow_.take(bytes, events_);
+  lease.block = overflow_.take(bytes, fences_);
   lease.data = lease.block.data;
   ++overflows_;
   return lease;
@@ -89,7 +91,7 @@ void StagingRing::wait_for_oldest() {
   cudaEvent_t oldest = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (const cudaEvent_t* f = slab_->ring.oldest_fence()) oldest = *f;
+    if (StreamFence* const* f = slab_->ring.oldest_fence()) oldest = fences_.event_to_wait_on(*f);
     ++waits_;
   }
   if (oldest == nullptr) {
@@ -113,12 +115,11 @@ void StagingRing::wait_for_oldest() {
 
 void StagingRing::commit(HostLease& lease, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mu_);
-  cudaEvent_t e = events_.acquire();
-  C10_CUDA_CHECK(cudaEventRecord(e, stream));
+  StreamFence* f = fences_.attach(stream);
   if (lease.slab != nullptr) {
-    lease.slab->ring.seal(lease.ticket, e);
+    lease.slab->ring.seal(lease.ticket, f);
   } else {
-    overflow_.seal(lease.block, e);
+    overflow_.seal(lease.block, f);
   }
   lease = HostLease{};
 }

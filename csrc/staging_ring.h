@@ -1,6 +1,7 @@
 // StagingRing: one device's pinned staging memory. A slab (allocated on first use) carved by a
-// RingAllocator whose fences are CUDA events recorded behind the copies that read it, plus an
-// OverflowPool for what the slab cannot hold. Thread-safe.
+// RingAllocator whose fences are CUDA events recorded behind the copies that read it (shared by
+// consecutive copies on a stream, see stream_fence.h), plus an OverflowPool for what the slab
+// cannot hold. Thread-safe.
 #pragma once
 #ifdef PINSTAGE_WITH_CUDA
 
@@ -18,6 +19,7 @@
 #include "overflow_pool.h"
 #include "ring_allocator.h"
 #include "staging_options.h"
+#include "stream_fence.h"
 
 namespace pinstage {
 
@@ -32,7 +34,7 @@ struct HostLease {
 
 struct Slab {
   uint8_t* base = nullptr;
-  RingAllocator<cudaEvent_t> ring;
+  RingAllocator<StreamFence*> ring;
   explicit Slab(size_t capacity) : ring(capacity) {}
 };
 
@@ -85,7 +87,9 @@ class StagingRing {
   std::vector<std::unique_ptr<Slab>> retired_;     // resized away, freed once their copies are done
   std::atomic<OnFull> on_full_;
   EventPool events_;
+  StreamFences fences_{events_};
   OverflowPool overflow_;
+  size_t reclaim_at_;  // reclaim when this many regions are pending (backs off while none complete)
   uint64_t overflows_ = 0;
   uint64_t waits_ = 0;
   uint64_t wraps_retired_ = 0;

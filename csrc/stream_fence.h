@@ -1,0 +1,122 @@
+// StreamFence: the completion fence that consecutive staging copies on one stream share.
+//
+// Why lazily recorded: an event recorded on a stream at ANY time after a copy was enqueued there
+// completes only after that copy. So instead of one cudaEventRecord per call (host time, and a
+// slot in the device's launch queue), regions copied on a stream attach to that stream's open
+// fence, and its event is recorded once: when kRegionsPerFence regions have attached, or when the
+// ring first needs to know whether they are done. Every region attached before the record is
+// covered by it; regions attached after it go to a new fence.
+#pragma once
+#ifdef PINSTAGE_WITH_CUDA
+
+#include <c10/cuda/CUDAException.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "event_pool.h"
+
+namespace pinstage {
+
+struct StreamFence {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t event = nullptr;  // null while open (not yet recorded)
+  uint32_t attached = 0;        // regions attached while open
+  uint32_t holders = 0;         // regions (ring or overflow) not yet released
+};
+
+// Owns the fences of one device; the StagingRing that holds it serialises access.
+class StreamFences {
+ public:
+  static constexpr uint32_t kRegionsPerFence = 32;
+
+  explicit StreamFences(EventPool& events) : events_(events) {}
+  StreamFences(const StreamFences&) = delete;
+  StreamFences& operator=(const StreamFences&) = delete;
+
+  // The fence a copy just enqueued on `stream` is covered by.
+  StreamFence* attach(cudaStream_t stream) {
+    StreamFence* f = nullptr;
+    for (StreamFence* o : open_) {
+      if (o->stream == stream) {
+        f = o;
+        break;
+      }
+    }
+    if (f == nullptr) {
+      f = take();
+      f->stream = stream;
+      open_.push_back(f);
+    }
+    ++f->attached;
+    ++f->holders;
+    if (f->attached >= kRegionsPerFence) record(f);
+    return f;
+  }
+
+  // Non-blocking: has every copy covered by `f` completed? Records an open fence first, unless its
+  // stream is capturing a graph (a record there would become a graph node, not a real event).
+  bool done(StreamFence* f) {
+    if (f->event == nullptr) {
+      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+      C10_CUDA_CHECK(cudaStreamIsCapturing(f->stream, &status));
+      if (status != cudaStreamCaptureStatusNone) return false;
+      record(f);
+    }
+    return event_done(f->event);
+  }
+
+  // An event to block on for `f` (recording it if still open), for on_full="wait".
+  cudaEvent_t event_to_wait_on(StreamFence* f) {
+    if (f->event == nullptr) record(f);
+    return f->event;
+  }
+
+  // One region covered by `f` was released.
+  void release(StreamFence* f) {
+    if (--f->holders > 0) return;
+    if (f->event != nullptr) events_.release(f->event);
+    else forget_open(f);
+    *f = StreamFence{};
+    free_.push_back(f);
+  }
+
+ private:
+  void record(StreamFence* f) {
+    cudaEvent_t e = events_.acquire();
+    C10_CUDA_CHECK(cudaEventRecord(e, f->stream));
+    f->event = e;
+    forget_open(f);
+  }
+
+  void forget_open(StreamFence* f) {
+    for (size_t i = 0; i < open_.size(); ++i) {
+      if (open_[i] == f) {
+        open_[i] = open_.back();
+        open_.pop_back();
+        return;
+      }
+    }
+  }
+
+  StreamFence* take() {
+    if (!free_.empty()) {
+      StreamFence* f = free_.back();
+      free_.pop_back();
+      return f;
+    }
+    all_.push_back(std::make_unique<StreamFence>());
+    return all_.back().get();
+  }
+
+  EventPool& events_;
+  std::vector<std::unique_ptr<StreamFence>> all_;
+  std::vector<StreamFence*> free_;
+  std::vector<StreamFence*> open_;
+};
+
+}  // namespace pinstage
+
+#endif  // PINSTAGE_WITH_CUDA
