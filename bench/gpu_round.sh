@@ -17,8 +17,15 @@ export PYTHONUNBUFFERED=1
 cat "$OUT/env.txt"
 
 start=$(date +%s)
-bash scripts/test.sh -rs --durations=15 2>&1 | tee "$OUT/tests.log"
-echo "tests exit: ${PIPESTATUS[0]} after $(( $(date +%s) - start )) s" | tee -a "$OUT/tests.log"
+# Build through the README's set-up, then one pytest process per test file, so that a crash in
+# one file cannot hide the results of the others.
+( source scripts/env.sh && for f in tests/test_*.py; do
+    echo "=== $f"
+    "$PY" -X faulthandler -m pytest -q -rfEs "$f" 2>&1 | tail -n 40
+    echo "=== $f exit ${PIPESTATUS[0]}"
+  done ) > "$OUT/tests.log" 2>&1
+grep -E "^=== .* exit|passed|failed|error" "$OUT/tests.log"
+echo "tests took $(( $(date +%s) - start )) s"
 
 bash scripts/bench.sh 2>&1 | tee "$OUT/bench.log"
 echo "bench exit: ${PIPESTATUS[0]}" | tee -a "$OUT/bench.log"

@@ -275,7 +275,9 @@ def test_wait_mode_raises_inside_no_sync():
 def test_no_reuse_race_with_overflow():
     pinstage.configure(ring_bytes=SMALL_RING, on_full="overflow")
     rng = seeded_rng("race-overflow")
-    requests = _race_inputs(3000, rng)
+    # Few enough that the copies (one launch-queue entry each) fit the device's launch queue: past
+    # about a thousand queued operations the host blocks in the driver until the sleep ends.
+    requests = _race_inputs(600, rng)
     big = natural_values(torch.int64, 5000, rng)  # larger than the whole ring
     pinstage.stage_to_device([1], torch.int64)
     torch.cuda.synchronize()
@@ -284,9 +286,9 @@ def test_no_reuse_race_with_overflow():
     done = busy(300)
     for i, request in enumerate(requests):
         _issue(request, records)
-        if i == 1500:
+        if i == 300:
             records.append((pinstage.stage_to_device(big, torch.int64), big, torch.int64))
-    assert_still_busy(done, "3000 stagings were issued")
+    assert_still_busy(done, "600 stagings were issued")
     during = _stats()
     assert during["in_flight_bytes"] > 0, "copies are queued behind a sleeping kernel, yet nothing is in flight"
     assert during["peak_in_flight_bytes"] >= during["in_flight_bytes"]
@@ -421,14 +423,14 @@ def test_stage_on_non_current_stream():
 def test_two_busy_streams_interleaved():
     pinstage.configure(ring_bytes=SMALL_RING)
     rng = seeded_rng("two-streams")
-    requests = _race_inputs(2000, rng)
+    requests = _race_inputs(600, rng)  # within the device's launch queue (see the overflow race)
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
     torch.cuda.synchronize()
     done = [busy(300, streams[0]), busy(200, streams[1])]
     records = []
     for i, request in enumerate(requests):
         _issue(request, records, streams[i % 2])
-        if i == 1000:
+        if i == 300:
             busy(50, streams[1])
     assert_still_busy(done[0], "the stagings on two streams were issued")
     check_staged(records)
@@ -560,7 +562,7 @@ _EXIT_SCRIPT = textwrap.dedent(
     pinstage.stage_to_device([0], torch.int64)
     torch.cuda._sleep(int(500e3 * %d))
     kept = []
-    for i in range(3000):
+    for i in range(300):
         t = pinstage.stage_to_device(list(range(i, i + 64)), torch.int64)
         m = pinstage.stage_many([(list(range(i, i + 8)), torch.int32), ([1.5] * 5, torch.float32)])
         if keep:
@@ -658,7 +660,8 @@ def test_stage_many_enqueues_one_copy():
 
 
 def test_host_never_waits_for_a_busy_gpu():
-    data = [list(range(i, i + 16)) for i in range(1000)]
+    # 400 copies stay within the device's launch queue, which would otherwise block the host.
+    data = [list(range(i, i + 16)) for i in range(400)]
     for d in data[:100]:
         pinstage.stage_to_device(d, torch.int64)
     torch.cuda.synchronize()
@@ -672,7 +675,7 @@ def test_host_never_waits_for_a_busy_gpu():
     elapsed = time.perf_counter() - t0
     still_busy = not done.query()
     after = _stats()
-    assert elapsed < sleep_ms / 2 / 1000, "1000 stagings took %.1f ms behind a %d ms kernel" % (elapsed * 1e3, sleep_ms)
+    assert elapsed < sleep_ms / 2 / 1000, "%d stagings took %.1f ms behind a %d ms kernel" % (len(data), elapsed * 1e3, sleep_ms)
     assert still_busy
     assert after["waits"] == before["waits"] and after["overflows"] == before["overflows"]
     check_staged([(k, d, torch.int64) for k, d in zip(kept, data)])

@@ -4,6 +4,7 @@
 "blocking" are the patterns engines use today; they exist so that the builders can be tested equal
 and timed side by side on the same values.
 """
+import numpy as np
 import torch
 
 import pinstage
@@ -39,8 +40,13 @@ def stage(items, backend="pinstage", stream=None, device=None):
         return [torch.tensor(values, dtype=dtype) for values, dtype in items]
     with torch.cuda.stream(stream):
         if backend == "pinned":
-            return [
-                torch.tensor(values, dtype=dtype, pin_memory=True).to(target, non_blocking=True)
-                for values, dtype in items
-            ]
+            return [_pinned(values, dtype).to(target, non_blocking=True) for values, dtype in items]
         return [torch.tensor(values, dtype=dtype, device=target) for values, dtype in items]
+
+
+def _pinned(values, dtype):
+    # torch.tensor(ndarray, pin_memory=True) raises "Can't pin tensor constructed from numpy";
+    # engines pin the converted tensor instead.
+    if isinstance(values, np.ndarray):
+        return torch.tensor(values, dtype=dtype).pin_memory()
+    return torch.tensor(values, dtype=dtype, pin_memory=True)
