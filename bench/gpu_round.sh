@@ -19,7 +19,16 @@ cat "$OUT/env.txt"
 start=$(date +%s)
 # Build through the README's set-up, then one pytest process per test file, so that a crash in
 # one file cannot hide the results of the others.
-( source scripts/env.sh && for f in tests/test_*.py; do
+( source scripts/env.sh
+  set +e  # env.sh turns on errexit; a failing test file must not end the loop
+  for case in python_fallback_error c10_value_error c10_type_error cache_index_error cuda_fallback_error; do
+    "$PY" bench/error_probe.py "$case"; rc=$?
+    echo "=== probe $case exit $rc"
+    if [ "$rc" -ge 128 ] && command -v cuda-gdb >/dev/null; then
+      cuda-gdb -batch -ex run -ex bt --args "$PY" bench/error_probe.py "$case" 2>&1 | grep -E "^#" | head -n 25
+    fi
+  done
+  for f in tests/test_*.py; do
     echo "=== $f"
     "$PY" -X faulthandler -m pytest -q -rfEs "$f" 2>&1 | tail -n 40
     echo "=== $f exit ${PIPESTATUS[0]}"

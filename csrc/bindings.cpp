@@ -4,6 +4,7 @@
 #include <optional>
 #include <string>
 
+#include "fastcall.h"
 #include "item_plan.h"
 #include "stage.h"
 #include "staging_options.h"
@@ -111,14 +112,8 @@ void configure(py::handle ring_bytes, py::handle on_full, py::handle device) {
 void translate_c10_errors(std::exception_ptr p) {
   try {
     if (p) std::rethrow_exception(p);
-  } catch (const c10::TypeError& e) {
-    PyErr_SetString(PyExc_TypeError, e.what_without_backtrace());
-  } catch (const c10::ValueError& e) {
-    PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
-  } catch (const c10::IndexError& e) {
-    PyErr_SetString(PyExc_IndexError, e.what_without_backtrace());
-  } catch (const c10::Error& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+  } catch (const c10::Error&) {
+    set_python_error(std::current_exception());
   }
 }
 
@@ -130,16 +125,8 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "pinstage compiled core: pinned staging ring, converter and staging operations";
   py::register_exception_translator(&translate_c10_errors);
 
-  m.def(
-      "stage_to_device",
-      [](py::handle data, py::handle dtype, py::handle stream, py::handle device) {
-        return stage_to_device(data.ptr(), dtype.ptr(), stream.ptr(), device.ptr());
-      },
-      py::arg("data"), py::arg("dtype"), py::arg("stream") = py::none(), py::kw_only(), py::arg("device") = py::none(),
-      "stage_to_device(data, dtype, stream=None, *, device=None) -> Tensor\n\n"
-      "torch.tensor(data, dtype=dtype) on the stream's device (else `device`, else the current CUDA device,\n"
-      "else the CPU), converted straight into pinned ring memory and copied with one asynchronous copy on\n"
-      "`stream` (default: the device's current stream). The host never waits for the device.");
+  m.add_object("stage_to_device", py::reinterpret_steal<py::object>(PyCFunction_NewEx(
+                                      &kStageToDeviceDef, nullptr, py::str("pinstage._C").ptr())));
   m.def(
       "stage_many",
       [](py::handle items, py::handle stream, py::handle device) {

@@ -15,6 +15,9 @@ namespace {
 // when room runs out) keeps the per-call cost at a fraction of one cudaEventQuery.
 constexpr size_t kReclaimEvery = 32;
 
+// An open fence covers at most this share of the ring (see stream_fence.h).
+constexpr size_t kFencesPerRing = 64;
+
 void free_pinned(uint8_t* p) {
   if (p != nullptr) C10_CUDA_CHECK(cudaFreeHost(p));
 }
@@ -28,7 +31,9 @@ StagingRing::StagingRing(c10::DeviceIndex device, size_t capacity, OnFull on_ful
       on_full_(on_full),
       events_(device),
       overflow_(device),
-      reclaim_at_(kReclaimEvery) {}
+      reclaim_at_(kReclaimEvery) {
+  fences_.set_bytes_per_fence(capacity / kFencesPerRing);
+}
 
 void StagingRing::release_completed_locked() {
   auto is_done = [this](StreamFence* f) { return fences_.done(f); };
@@ -66,6 +71,7 @@ std::optional<HostLease> StagingRing::try_acquire(size_t bytes) {
   if (r) {
     HostLease lease;
     lease.data = slab.base + r->offset;
+    lease.bytes = bytes;
     lease.slab = &slab;
     lease.ticket = r->ticket;
     return lease;
@@ -83,6 +89,7 @@ std::optional<HostLease> StagingRing::try_acquire(size_t bytes) {
   HostLease lease;
   lease.block = overflow_.take(bytes, fences_);
   lease.data = lease.block.data;
+  lease.bytes = bytes;
   ++overflows_;
   return lease;
 }
@@ -115,7 +122,8 @@ void StagingRing::wait_for_oldest() {
 
 void StagingRing::commit(HostLease& lease, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mu_);
-  StreamFence* f = fences_.attach(stream);
+  // Overflow blocks get a fence of their own right away: they exist because room is short.
+  StreamFence* f = fences_.attach(stream, lease.slab != nullptr ? lease.bytes : SIZE_MAX);
   if (lease.slab != nullptr) {
     lease.slab->ring.seal(lease.ticket, f);
   } else {
@@ -143,6 +151,7 @@ void StagingRing::set_options(std::optional<size_t> capacity, std::optional<OnFu
   retire_slab_locked();
   slab_ = std::make_unique<Slab>(*capacity);
   capacity_ = *capacity;
+  fences_.set_bytes_per_fence(capacity_ / kFencesPerRing);
 }
 
 void StagingRing::retire_slab_locked() {

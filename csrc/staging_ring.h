@@ -27,6 +27,7 @@ namespace pinstage {
 // back exactly once, by commit (a copy reads it) or abandon (nothing does).
 struct HostLease {
   uint8_t* data = nullptr;
+  size_t bytes = 0;
   struct Slab* slab = nullptr;  // set when the bytes are in the ring
   uint64_t ticket = 0;
   OverflowPool::Block block;  // set when the bytes are in an overflow block

@@ -4,8 +4,10 @@
 // completes only after that copy. So instead of one cudaEventRecord per call (host time, and a
 // slot in the device's launch queue), regions copied on a stream attach to that stream's open
 // fence, and its event is recorded once: when kRegionsPerFence regions have attached, or when the
-// ring first needs to know whether they are done. Every region attached before the record is
-// covered by it; regions attached after it go to a new fence.
+// ring first needs to know whether they are done, or when the bytes attached reach a share of the
+// ring (a fence still open when the ring runs out of room cannot report completion in time, so
+// the bytes it covers must stay a small part of the ring). Every region attached before the
+// record is covered by it; regions attached after it go to a new fence.
 #pragma once
 #ifdef PINSTAGE_WITH_CUDA
 
@@ -13,6 +15,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstddef>
 #include <memory>
 #include <vector>
 
@@ -24,6 +27,7 @@ struct StreamFence {
   cudaStream_t stream = nullptr;
   cudaEvent_t event = nullptr;  // null while open (not yet recorded)
   uint32_t attached = 0;        // regions attached while open
+  size_t bytes = 0;             // bytes of those regions
   uint32_t holders = 0;         // regions (ring or overflow) not yet released
 };
 
@@ -33,11 +37,14 @@ class StreamFences {
   static constexpr uint32_t kRegionsPerFence = 32;
 
   explicit StreamFences(EventPool& events) : events_(events) {}
+
+  // An open fence is recorded once the regions attached to it hold this many bytes.
+  void set_bytes_per_fence(size_t bytes) { bytes_per_fence_ = bytes; }
   StreamFences(const StreamFences&) = delete;
   StreamFences& operator=(const StreamFences&) = delete;
 
   // The fence a copy just enqueued on `stream` is covered by.
-  StreamFence* attach(cudaStream_t stream) {
+  StreamFence* attach(cudaStream_t stream, size_t bytes) {
     StreamFence* f = nullptr;
     for (StreamFence* o : open_) {
       if (o->stream == stream) {
@@ -52,7 +59,8 @@ class StreamFences {
     }
     ++f->attached;
     ++f->holders;
-    if (f->attached >= kRegionsPerFence) record(f);
+    f->bytes = bytes > SIZE_MAX - f->bytes ? SIZE_MAX : f->bytes + bytes;
+    if (f->attached >= kRegionsPerFence || f->bytes >= bytes_per_fence_) record(f);
     return f;
   }
 
@@ -112,6 +120,7 @@ class StreamFences {
   }
 
   EventPool& events_;
+  size_t bytes_per_fence_ = 0;
   std::vector<std::unique_ptr<StreamFence>> all_;
   std::vector<StreamFence*> free_;
   std::vector<StreamFence*> open_;
