@@ -64,6 +64,36 @@ def assert_still_busy(done, what):
     assert not done.query(), "the GPU finished its sleep before %s; the test proved nothing" % what
 
 
+# The device's launch queue holds about a thousand operations; past that the host blocks inside
+# the driver until the GPU drains it. Copies queued behind one sleep are therefore kept to a few
+# hundred per chunk (each staging queues a copy and possibly an event record).
+CHUNK = 300
+
+
+def issue_in_chunks(requests, records, streams=(None,), sleep_ms=80):
+    """Issues requests in chunks, each entirely behind a fresh sleep on every stream, so that every
+    ring region of a chunk is still unread while the rest of the chunk is staged. Fails if a sleep
+    ended before its chunk was issued (the premise of the race check)."""
+    for start in range(0, len(requests), CHUNK):
+        torch.cuda.synchronize()
+        dones = [busy(sleep_ms, s) for s in streams]
+        for i, request in enumerate(requests[start:start + CHUNK]):
+            _issue(request, records, streams[i % len(streams)])
+        for done in dones:
+            assert_still_busy(done, "stagings %d..%d were issued" % (start, start + CHUNK))
+
+
+def issue_trickling(requests, records, streams=(None,), every=10, sleep_ms=0.5):
+    """Issues requests while short sleeps keep the GPU a little behind the host, so that regions
+    complete one by one while later ones are still queued: reuse right after completion, next to
+    regions still in flight."""
+    for i, request in enumerate(requests):
+        stream = streams[i % len(streams)]
+        if i % every == 0:
+            busy(sleep_ms, stream)
+        _issue(request, records, stream)
+
+
 def check_staged(records):
     """records: [(result, data, dtype)], checked against torch.tensor after the GPU caught up."""
     torch.cuda.synchronize()
@@ -275,28 +305,29 @@ def test_wait_mode_raises_inside_no_sync():
 def test_no_reuse_race_with_overflow():
     pinstage.configure(ring_bytes=SMALL_RING, on_full="overflow")
     rng = seeded_rng("race-overflow")
-    # Few enough that the copies (one launch-queue entry each) fit the device's launch queue: past
-    # about a thousand queued operations the host blocks in the driver until the sleep ends.
-    requests = _race_inputs(600, rng)
+    queued = _race_inputs(3000, rng)
+    trickled = _race_inputs(2000, rng)
     big = natural_values(torch.int64, 5000, rng)  # larger than the whole ring
     pinstage.stage_to_device([1], torch.int64)
     torch.cuda.synchronize()
     before = _stats()
     records = []
-    done = busy(300)
-    for i, request in enumerate(requests):
+    done = busy(100)
+    records.append((pinstage.stage_to_device(big, torch.int64), big, torch.int64))
+    for request in queued[:CHUNK]:
         _issue(request, records)
-        if i == 300:
-            records.append((pinstage.stage_to_device(big, torch.int64), big, torch.int64))
-    assert_still_busy(done, "600 stagings were issued")
+    assert_still_busy(done, "the first chunk was issued")
     during = _stats()
     assert during["in_flight_bytes"] > 0, "copies are queued behind a sleeping kernel, yet nothing is in flight"
     assert during["peak_in_flight_bytes"] >= during["in_flight_bytes"]
+    issue_in_chunks(queued[CHUNK:], records)
+    issue_trickling(trickled, records)
+    after = _stats()
     check_staged(records)
-    assert during["overflows"] > before["overflows"], "a %d-byte ring served %d queued stagings without overflow" % (
-        SMALL_RING, len(requests))
-    assert during["calls"] - before["calls"] == len(requests) + 1
-    assert during["waits"] == before["waits"], "on_full='overflow' waited"
+    assert after["overflows"] > before["overflows"], "a %d-byte ring served %d queued stagings without overflow" % (
+        SMALL_RING, len(queued))
+    assert after["calls"] - before["calls"] == len(queued) + len(trickled) + 1, "calls were lost or double-counted"
+    assert after["waits"] == before["waits"], "on_full='overflow' waited"
 
 
 def test_no_reuse_race_with_wait():
@@ -423,16 +454,10 @@ def test_stage_on_non_current_stream():
 def test_two_busy_streams_interleaved():
     pinstage.configure(ring_bytes=SMALL_RING)
     rng = seeded_rng("two-streams")
-    requests = _race_inputs(600, rng)  # within the device's launch queue (see the overflow race)
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
-    torch.cuda.synchronize()
-    done = [busy(300, streams[0]), busy(200, streams[1])]
     records = []
-    for i, request in enumerate(requests):
-        _issue(request, records, streams[i % 2])
-        if i == 300:
-            busy(50, streams[1])
-    assert_still_busy(done[0], "the stagings on two streams were issued")
+    issue_in_chunks(_race_inputs(1800, rng), records, streams)
+    issue_trickling(_race_inputs(1200, rng), records, streams)
     check_staged(records)
 
 
@@ -560,14 +585,16 @@ _EXIT_SCRIPT = textwrap.dedent(
     if ring:
         pinstage.configure(ring_bytes=ring)
     pinstage.stage_to_device([0], torch.int64)
-    torch.cuda._sleep(int(500e3 * %d))
+    torch.cuda._sleep(int(2e6 * %d))
+    done = torch.cuda.Event()
+    done.record()
     kept = []
-    for i in range(300):
+    for i in range(150):  # within the device's launch queue, so that the host never blocks in it
         t = pinstage.stage_to_device(list(range(i, i + 64)), torch.int64)
         m = pinstage.stage_many([(list(range(i, i + 8)), torch.int32), ([1.5] * 5, torch.float32)])
         if keep:
             kept.append((t, m))
-    print("issued", pinstage.stats()["in_flight_bytes"] > 0, flush=True)
+    print("issued", not done.query(), flush=True)
     """
     % CYCLES_PER_US
 )
