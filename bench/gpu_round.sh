@@ -13,6 +13,8 @@ export PYTHONUNBUFFERED=1
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
   python3 -c "import torch, sys; print('python', sys.version.split()[0]); print('torch', torch.__version__, 'cuda', torch.version.cuda)"
   nproc
+  echo "CXX=${CXX:-unset} CC=${CC:-unset}"
+  "${CXX:-c++}" --version | head -n 1
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
