@@ -32,6 +32,18 @@ if [ -n "$missing" ]; then
 fi
 
 if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then export CUDA_HOME=/usr/local/cuda; fi
+
+# The extension must be compiled against the C++ runtime the interpreter loads. A CXX from another
+# GCC than the system's builds a module whose integer formatting (every error message with a
+# number in it) crashes inside libstdc++: seen with an image that sets CXX=/opt/gcc/bin/g++.
+# So where CXX names a different GCC version than /usr/bin/g++, the system compiler is used.
+# PINSTAGE_KEEP_CXX=1 keeps CXX as it is.
+if [ -n "${CXX:-}" ] && [ -x /usr/bin/g++ ] && [ "${PINSTAGE_KEEP_CXX:-0}" != 1 ]; then
+  if [ "$("$CXX" -dumpfullversion 2>/dev/null)" != "$(/usr/bin/g++ -dumpfullversion 2>/dev/null)" ]; then
+    echo "[pinstage] CXX=$CXX is not the system GCC; building with /usr/bin/g++ (PINSTAGE_KEEP_CXX=1 to keep it)" >&2
+    export CXX=/usr/bin/g++ CC=/usr/bin/gcc
+  fi
+fi
 export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
 
 suffix=$("$PY" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
