@@ -33,23 +33,34 @@ fi
 
 if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then export CUDA_HOME=/usr/local/cuda; fi
 
-# The extension must be compiled against the C++ runtime the interpreter loads. A CXX from another
-# GCC than the system's builds a module whose integer formatting (every error message with a
-# number in it) crashes inside libstdc++: seen with an image that sets CXX=/opt/gcc/bin/g++.
-# So where CXX names a different GCC version than /usr/bin/g++, the system compiler is used.
-# PINSTAGE_KEEP_CXX=1 keeps CXX as it is.
-if [ -n "${CXX:-}" ] && [ -x /usr/bin/g++ ] && [ "${PINSTAGE_KEEP_CXX:-0}" != 1 ]; then
-  if [ "$("$CXX" -dumpfullversion 2>/dev/null)" != "$(/usr/bin/g++ -dumpfullversion 2>/dev/null)" ]; then
-    echo "[pinstage] CXX=$CXX is not the system GCC; building with /usr/bin/g++ (PINSTAGE_KEEP_CXX=1 to keep it)" >&2
-    export CXX=/usr/bin/g++ CC=/usr/bin/gcc
-  fi
-fi
 export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
 
 suffix=$("$PY" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
 lib="pinstage/_C$suffix"
-if [ ! -f "$lib" ] || [ -n "$(find csrc setup.py -newer "$lib" -print -quit)" ]; then
-  echo "[pinstage] building pinstage._C with $PY (CUDA_HOME=${CUDA_HOME:-none}, MAX_JOBS=$MAX_JOBS)" >&2
+build() {
+  echo "[pinstage] building pinstage._C with $PY (CUDA_HOME=${CUDA_HOME:-none}, CXX=${CXX:-c++}, MAX_JOBS=$MAX_JOBS)" >&2
   "$PY" setup.py -q build_ext --inplace >&2
+}
+# A CXX from another toolchain than the C++ runtime the interpreter loads can build a module whose
+# integer formatting (any error message with a number in it) crashes inside libstdc++; seen with an
+# image whose CXX is a wrapper at /opt/gcc/bin/g++. So the fresh build raises one such error in a
+# subprocess, and if that crashes, it is rebuilt with the system compiler.
+error_path_works() {
+  PYTHONPATH="$ROOT" "$PY" -c "
+import pinstage
+try:
+    pinstage.configure(ring_bytes=-1)
+except ValueError as e:
+    assert '-1' in str(e)
+" >/dev/null 2>&1
+}
+if [ ! -f "$lib" ] || [ -n "$(find csrc setup.py -newer "$lib" -print -quit)" ]; then
+  build
+  if ! error_path_works && [ -x /usr/bin/g++ ] && [ "${CXX:-}" != /usr/bin/g++ ]; then
+    echo "[pinstage] the build crashes formatting errors (CXX=${CXX:-c++}); rebuilding with /usr/bin/g++" >&2
+    export CXX=/usr/bin/g++ CC=/usr/bin/gcc
+    rm -rf build "$lib"
+    build
+  fi
 fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
