@@ -11,10 +11,7 @@
 #include "staging_registry.h"
 #include "target.h"
 
-#if __has_include("cache_indices.h")
 #include "cache_indices.h"
-#define PINSTAGE_HAS_CACHE_INDICES 1
-#endif
 
 #ifdef PINSTAGE_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -162,7 +159,5 @@ PYBIND11_MODULE(_C, m) {
 #endif
   });
   bind_ring_allocator_for_tests(m);
-#ifdef PINSTAGE_HAS_CACHE_INDICES
   bind_cache_indices(m);
-#endif
 }

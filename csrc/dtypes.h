@@ -6,7 +6,6 @@
 #include <c10/util/Half.h>
 
 #include <cstdint>
-#include <string>
 
 namespace pinstage {
 
@@ -30,9 +29,6 @@ inline bool is_supported_dtype(c10::ScalarType t) {
       return false;
   }
 }
-
-// Python spelling, as torch prints it ("torch.int64"), for error messages.
-std::string dtype_name(c10::ScalarType t);
 
 // Calls fn(T{}) with T the C++ element type of `t`; `t` must be supported.
 template <class Fn>

@@ -111,21 +111,6 @@ class RingAllocator {
     return &regions_.front().fence;
   }
 
-  // Visits the fence of every sealed region still held (for draining a ring that is retired).
-  template <class Visit>
-  void for_each_sealed_fence(Visit&& visit) const {
-    for (const Region& r : regions_) {
-      if (r.state == State::kSealed) visit(r.fence);
-    }
-  }
-
-  bool has_writers() const {
-    for (const Region& r : regions_) {
-      if (r.state == State::kWriting) return true;
-    }
-    return false;
-  }
-
  private:
   enum class State : uint8_t { kWriting, kSealed, kAbandoned };
   struct Region {
