@@ -8,6 +8,7 @@
 #ifdef PINSTAGE_WITH_CUDA
 
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 
@@ -42,6 +43,7 @@ class OverflowPool {
       return b;
     }
     c10::cuda::CUDAGuard guard(device_);
+    c10::cuda::CUDAStreamCaptureModeGuard capture_mode(cudaStreamCaptureModeRelaxed);  // see staging_ring.cpp
     void* p = nullptr;
     C10_CUDA_CHECK(cudaHostAlloc(&p, size, cudaHostAllocPortable));
     reserved_bytes_ += size;

@@ -74,7 +74,15 @@ class LeaseGuard {
   LeaseGuard& operator=(const LeaseGuard&) = delete;
 
   uint8_t* data() const { return lease_.data; }
-  void commit(cudaStream_t stream) { ring_.commit(lease_, stream); }
+
+  // Once the copy is enqueued the region must never be given back, even if recording its fence
+  // fails: holding it forever is safe, handing it out again while the copy reads it is not.
+  void copy_and_commit(void* dst, size_t bytes, const c10::cuda::CUDAStream& stream) {
+    C10_CUDA_CHECK(cudaMemcpyAsync(dst, lease_.data, bytes, cudaMemcpyHostToDevice, stream.stream()));
+    HostLease enqueued = lease_;
+    lease_ = HostLease{};
+    ring_.commit(enqueued, stream.stream());
+  }
 
  private:
   StagingRing& ring_;
@@ -90,10 +98,6 @@ at::Tensor empty_on_stream(at::IntArrayRef shape, c10::ScalarType dtype, const c
   if (c10::cuda::getCurrentCUDAStream(stream.device_index()) != stream) stream_guard.emplace(stream);
   return at::Tensor(at::detail::empty_generic(shape, c10::cuda::CUDACachingAllocator::get(),
                                               c10::DispatchKeySet(c10::DispatchKey::CUDA), dtype, std::nullopt));
-}
-
-void copy_to_device(void* dst, const void* src, size_t bytes, const c10::cuda::CUDAStream& stream) {
-  C10_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream.stream()));
 }
 
 void count(StagingRing& ring, size_t bytes, size_t fallbacks) {
@@ -140,8 +144,7 @@ at::Tensor stage_to_device(PyObject* data, PyObject* dtype_obj, PyObject* stream
   LeaseGuard lease(ring, plan.nbytes);
   write_item(plan, lease.data());
   at::Tensor out = empty_on_stream(plan.shape, dtype, s);
-  copy_to_device(out.data_ptr(), lease.data(), plan.nbytes, s);
-  lease.commit(s.stream());
+  lease.copy_and_commit(out.data_ptr(), plan.nbytes, s);
   count(ring, plan.nbytes, plan.via_fallback);
   return out;
 #else
@@ -151,10 +154,16 @@ at::Tensor stage_to_device(PyObject* data, PyObject* dtype_obj, PyObject* stream
 
 std::vector<at::Tensor> stage_many(PyObject* items, PyObject* stream, PyObject* device) {
   ProfilerRange range("pinstage::stage_many");
-  py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(items, "pinstage.stage_many: items must be a sequence of (data, dtype) pairs"));
+  // A tuple copy, and references to each item's data below: Python code can run between planning
+  // and writing (the torch.tensor fallback; other threads while on_full="wait" waits), and must
+  // not be able to free what the plans point at by mutating the caller's list.
+  TORCH_CHECK_TYPE(PySequence_Check(items), "pinstage.stage_many: items must be a sequence of (data, dtype) pairs");
+  py::object seq = py::reinterpret_steal<py::object>(PySequence_Tuple(items));
   if (!seq) throw py::error_already_set();
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
-  PyObject** pairs = PySequence_Fast_ITEMS(seq.ptr());
+  const Py_ssize_t n = PyTuple_GET_SIZE(seq.ptr());
+  PyObject** pairs = &PyTuple_GET_ITEM(seq.ptr(), 0);
+  std::vector<py::object> data_refs;
+  data_refs.reserve(static_cast<size_t>(n));
   const Target target = resolve_target(stream, device);
 #ifdef PINSTAGE_WITH_CUDA
   if (target.cuda) check_not_capturing(*target.stream, "stage_many");
@@ -169,6 +178,7 @@ std::vector<at::Tensor> stage_many(PyObject* items, PyObject* stream, PyObject* 
     TORCH_CHECK_TYPE((PyTuple_Check(pair) || PyList_Check(pair)) && PySequence_Fast_GET_SIZE(pair) == 2,
                      "pinstage.stage_many: item ", i, " must be a (data, dtype) pair, got ", Py_TYPE(pair)->tp_name);
     PyObject** fields = PySequence_Fast_ITEMS(pair);
+    data_refs.push_back(py::reinterpret_borrow<py::object>(fields[0]));
     try {
       plans.push_back(plan_item(fields[0], parse_dtype(fields[1], "dtype")));
     } catch (py::error_already_set& e) {
@@ -217,8 +227,7 @@ std::vector<at::Tensor> stage_many(PyObject* items, PyObject* stream, PyObject* 
   }
   at::Tensor buffer = empty_on_stream({static_cast<int64_t>(total)}, c10::ScalarType::Byte, s);
   if (total > 0) {
-    copy_to_device(buffer.data_ptr(), lease->data(), total, s);
-    lease->commit(s.stream());
+    lease->copy_and_commit(buffer.data_ptr(), total, s);
   }
   count(ring, total, fallbacks);
   for (size_t i = 0; i < plans.size(); ++i) results.push_back(typed_view(buffer, offsets[i], plans[i].dtype, plans[i].shape));
@@ -266,8 +275,7 @@ void stage_into(PyObject* data, PyObject* out_obj, PyObject* stream) {
   }
   LeaseGuard lease(ring, plan.nbytes);
   write_item(plan, lease.data());
-  copy_to_device(out.data_ptr(), lease.data(), plan.nbytes, s);
-  lease.commit(s.stream());
+  lease.copy_and_commit(out.data_ptr(), plan.nbytes, s);
   count(ring, plan.nbytes, plan.via_fallback);
 #else
   TORCH_CHECK_VALUE(false, "pinstage.stage_into: out is on ", out.device().str(), " but pinstage was built without CUDA");

@@ -3,6 +3,7 @@
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
@@ -36,6 +37,12 @@ StagingRing::StagingRing(c10::DeviceIndex device, size_t capacity, OnFull on_ful
 }
 
 void StagingRing::release_completed_locked() {
+  // Fences are recorded and queried on this ring's device, whichever device the caller has current
+  // (stats() and configure() arrive without a guard); relaxed capture mode, so that a graph
+  // captured meanwhile in "global" mode by another thread neither refuses these non-blocking calls
+  // nor is invalidated by them, as PyTorch's caching allocators also arrange.
+  c10::cuda::CUDAGuard device_guard(device_);
+  c10::cuda::CUDAStreamCaptureModeGuard capture_mode(cudaStreamCaptureModeRelaxed);
   auto is_done = [this](StreamFence* f) { return fences_.done(f); };
   auto recycle = [this](StreamFence* f) { fences_.release(f); };
   slab_->ring.release_completed(is_done, recycle);
@@ -43,8 +50,15 @@ void StagingRing::release_completed_locked() {
   for (size_t i = 0; i < retired_.size();) {
     Slab& s = *retired_[i];
     s.ring.release_completed(is_done, recycle);
-    if (s.ring.pending_regions() == 0) {
-      free_pinned(s.base);
+    ++i;
+  }
+}
+
+void StagingRing::free_drained_slabs_locked() {
+  // Only from configure(): cudaFreeHost may synchronise the device, so never on a staging call.
+  for (size_t i = 0; i < retired_.size();) {
+    if (retired_[i]->ring.pending_regions() == 0) {
+      free_pinned(retired_[i]->base);
       retired_.erase(retired_.begin() + static_cast<std::ptrdiff_t>(i));
     } else {
       ++i;
@@ -57,12 +71,13 @@ std::optional<HostLease> StagingRing::try_acquire(size_t bytes) {
   Slab& slab = *slab_;
   if (slab.base == nullptr) {
     c10::cuda::CUDAGuard guard(device_);
+    c10::cuda::CUDAStreamCaptureModeGuard capture_mode(cudaStreamCaptureModeRelaxed);
     void* p = nullptr;
     // Portable: the copy engine of any device may read it, whichever device is current later.
     C10_CUDA_CHECK(cudaHostAlloc(&p, capacity_, cudaHostAllocPortable));
     slab.base = static_cast<uint8_t*>(p);
   }
-  if (slab.ring.pending_regions() >= reclaim_at_ || !retired_.empty()) release_completed_locked();
+  if (slab.ring.pending_regions() >= reclaim_at_) release_completed_locked();
   auto r = slab.ring.try_reserve(bytes, kStagingAlignment);
   if (!r) {
     release_completed_locked();
@@ -96,13 +111,15 @@ std::optional<HostLease> StagingRing::try_acquire(size_t bytes) {
 
 void StagingRing::wait_for_oldest() {
   cudaEvent_t oldest = nullptr;
+  c10::cuda::CUDAGuard device_guard(device_);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (StreamFence* const* f = slab_->ring.oldest_fence()) oldest = fences_.event_to_wait_on(*f);
     ++waits_;
   }
   if (oldest == nullptr) {
-    // The oldest region is still being written by another thread: nothing to wait on yet.
+    // The oldest region is still being written by another thread, or its fence's stream is
+    // capturing a graph: nothing to wait on yet.
     std::this_thread::yield();
     return;
   }
@@ -148,6 +165,7 @@ void StagingRing::set_options(std::optional<size_t> capacity, std::optional<OnFu
   TORCH_CHECK_VALUE(*capacity > 0, "pinstage: ring_bytes must be positive, got ", *capacity);
   std::lock_guard<std::mutex> lock(mu_);
   release_completed_locked();
+  free_drained_slabs_locked();
   retire_slab_locked();
   slab_ = std::make_unique<Slab>(*capacity);
   capacity_ = *capacity;

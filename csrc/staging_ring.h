@@ -80,6 +80,7 @@ class StagingRing {
  private:
   void release_completed_locked();
   void retire_slab_locked();
+  void free_drained_slabs_locked();
 
   const c10::DeviceIndex device_;
   std::mutex mu_;

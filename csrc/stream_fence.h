@@ -68,17 +68,19 @@ class StreamFences {
   // stream is capturing a graph (a record there would become a graph node, not a real event).
   bool done(StreamFence* f) {
     if (f->event == nullptr) {
-      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-      C10_CUDA_CHECK(cudaStreamIsCapturing(f->stream, &status));
-      if (status != cudaStreamCaptureStatusNone) return false;
+      if (capturing(f->stream)) return false;
       record(f);
     }
     return event_done(f->event);
   }
 
-  // An event to block on for `f` (recording it if still open), for on_full="wait".
+  // An event to block on for `f` (recording it if still open), for on_full="wait"; nullptr while
+  // an open fence's stream is capturing (the record would become a graph node).
   cudaEvent_t event_to_wait_on(StreamFence* f) {
-    if (f->event == nullptr) record(f);
+    if (f->event == nullptr) {
+      if (capturing(f->stream)) return nullptr;
+      record(f);
+    }
     return f->event;
   }
 
@@ -92,6 +94,12 @@ class StreamFences {
   }
 
  private:
+  static bool capturing(cudaStream_t stream) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+    return status != cudaStreamCaptureStatusNone;
+  }
+
   void record(StreamFence* f) {
     cudaEvent_t e = events_.acquire();
     C10_CUDA_CHECK(cudaEventRecord(e, f->stream));
