@@ -19,26 +19,32 @@ inline bool is_fast_scalar(PyObject* o) {
 // dtypes, and declines (returns false) wherever torch would raise, wrap, or where the C++ cast would
 // be undefined; torch.tensor then decides those cases itself.
 
+// True when the int converts to T unchanged. Negative values into unsigned types are declined:
+// torch wraps some of them and raises for others, so it decides.
+template <class T>
+inline bool int_fits(long long v) {
+  using Limits = std::numeric_limits<T>;
+  if constexpr (Limits::is_signed) {
+    return v >= static_cast<long long>(Limits::min()) && v <= static_cast<long long>(Limits::max());
+  } else {
+    return v >= 0 && static_cast<unsigned long long>(v) <= static_cast<unsigned long long>(Limits::max());
+  }
+}
+
 template <class T>
 inline bool store_integral(PyObject* o, T* out) {
   using Limits = std::numeric_limits<T>;
   if (PyLong_CheckExact(o)) {
     int overflow = 0;
     long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
-    if (overflow != 0) return false;  // beyond int64: torch's unpacking decides (it may raise)
-    if constexpr (Limits::is_signed) {
-      if (v < static_cast<long long>(Limits::min()) || v > static_cast<long long>(Limits::max())) return false;
-    } else {
-      // Negative values into unsigned types wrap in torch for some ranges and raise for others.
-      if (v < 0 || static_cast<unsigned long long>(v) > static_cast<unsigned long long>(Limits::max())) return false;
-    }
+    if (overflow != 0 || !int_fits<T>(v)) return false;  // beyond int64 or T: torch decides
     *out = static_cast<T>(v);
     return true;
   }
   if (PyFloat_CheckExact(o)) {
     const double d = PyFloat_AS_DOUBLE(o);
     // torch truncates after a range check (c10::checked_convert); NaN, inf and out-of-range values
-    // raise there. 2^63 / 2^64 bound the casts that are defined for 64-bit targets.
+    // raise there.
     if (!std::isfinite(d)) return false;
     if (d < static_cast<double>(Limits::lowest()) || d > static_cast<double>(Limits::max())) return false;
     // torch refuses floats for uint64 ("an integer is required"); 2^63 bounds the int64 cast.
@@ -138,12 +144,7 @@ bool write_range(PyObject* r, int64_t n, T* out) {
     if constexpr (std::is_same_v<T, bool>) {
       out[i] = v != 0;
     } else if constexpr (std::is_integral_v<T>) {
-      using Limits = std::numeric_limits<T>;
-      if constexpr (Limits::is_signed) {
-        if (v < static_cast<long long>(Limits::min()) || v > static_cast<long long>(Limits::max())) return false;
-      } else {
-        if (v < 0 || static_cast<unsigned long long>(v) > static_cast<unsigned long long>(Limits::max())) return false;
-      }
+      if (!int_fits<T>(v)) return false;
       out[i] = static_cast<T>(v);
     } else {
       out[i] = c10::convert<T, double>(static_cast<double>(v));
