@@ -473,11 +473,9 @@ def cell_by(report, dtype, size):
     return None
 
 
-def report_gpu(report):
-    meta = report["meta"]
-    print()
-    print("Host time per call, microseconds, median of %d loops: GPU idle / GPU busy  (%s, torch %s)"
-          % (meta["repeats"], meta["gpu"], meta["torch"]))
+def print_size_tables(report, methods, method_headers, ratio_columns):
+    """One table per dtype: a row per size, each method's figures, then the ratio columns
+    (header, function of the cell's methods)."""
     for dname in SINGLE_DTYPES:
         print()
         print("[%s]" % dname)
@@ -486,11 +484,20 @@ def report_gpu(report):
             if cell["dtype"] != dname:
                 continue
             m = cell["methods"]
-            rows.append([cell["size"]] + [fmt_pair(m[k]) for k in SINGLE_METHODS] + [
-                fmt_ratio(ratio(median_us(m["pinned"]), median_us(m["pinstage"]))),
-                fmt_ratio(ratio(median_us(m["pinstage"], "busy"), median_us(m["pinstage"]))),
-            ])
-        print_table(["size"] + SINGLE_METHODS + ["pinned/pinstage(idle)", "pinstage busy/idle"], rows)
+            rows.append([cell["size"]] + [fmt_pair(m[k]) for k in methods]
+                        + [fmt_ratio(column(m)) for _, column in ratio_columns])
+        print_table(["size"] + list(method_headers) + [h for h, _ in ratio_columns], rows)
+
+
+def report_gpu(report):
+    meta = report["meta"]
+    print()
+    print("Host time per call, microseconds, median of %d loops: GPU idle / GPU busy  (%s, torch %s)"
+          % (meta["repeats"], meta["gpu"], meta["torch"]))
+    print_size_tables(report, SINGLE_METHODS, SINGLE_METHODS, [
+        ("pinned/pinstage(idle)", lambda m: ratio(median_us(m["pinned"]), median_us(m["pinstage"]))),
+        ("pinstage busy/idle", lambda m: ratio(median_us(m["pinstage"], "busy"), median_us(m["pinstage"]))),
+    ])
 
     many = report["stage_many"]["methods"]
     print()
@@ -511,20 +518,10 @@ def report_cpu(report):
     print()
     print("Conversion only (device='cpu'): host time per call, microseconds, median of %d loops "
           "(torch %s)" % (meta["repeats"], meta["torch"]))
-    for dname in SINGLE_DTYPES:
-        print()
-        print("[%s]" % dname)
-        rows = []
-        for cell in report["single"]:
-            if cell["dtype"] != dname:
-                continue
-            m = cell["methods"]
-            rows.append([cell["size"]] + [fmt_pair(m[k]) for k in CPU_METHODS] + [
-                fmt_ratio(ratio(median_us(m["torch_tensor"]), median_us(m["pinstage"]))),
-                fmt_ratio(ratio(median_us(m["numpy"]), median_us(m["pinstage"]))),
-            ])
-        print_table(["size", "torch.tensor", "np.array->from_numpy", "pinstage",
-                     "torch.tensor/pinstage", "numpy/pinstage"], rows)
+    print_size_tables(report, CPU_METHODS, ["torch.tensor", "np.array->from_numpy", "pinstage"], [
+        ("torch.tensor/pinstage", lambda m: ratio(median_us(m["torch_tensor"]), median_us(m["pinstage"]))),
+        ("numpy/pinstage", lambda m: ratio(median_us(m["numpy"]), median_us(m["pinstage"]))),
+    ])
     many = report["stage_many"]["methods"]
     print()
     print("[stage_many, device='cpu': 10 lists of %d, mixed dtypes]" % MANY_LENGTH)

@@ -50,6 +50,21 @@ void check_per_request(
   TORCH_CHECK_VALUE(t.device() == device, kOp, ": ", name, " is on ", t.device(), " but req_to_token is on ", device);
 }
 
+// One request's row and its [0, prefix_len) + [prefix_len, seq_len) span of that row: checked on the
+// host by cache_index_plan (before staging) and by the CPU path (for direct calls), with one message.
+void check_request_span(
+    int64_t i, int64_t row, int64_t prefix_len, int64_t seq_len, int64_t rows, int64_t max_context_len) {
+  TORCH_CHECK_INDEX(
+      row >= 0 && row < rows, kOp, ": request ", i, ": req_pool_indices is ", row, ", outside req_to_token's ", rows,
+      " rows");
+  TORCH_CHECK_VALUE(prefix_len >= 0, kOp, ": request ", i, ": prefix_lens is negative (", prefix_len, ")");
+  TORCH_CHECK_VALUE(
+      seq_len >= prefix_len, kOp, ": request ", i, ": seq_lens (", seq_len, ") < prefix_lens (", prefix_len, ")");
+  TORCH_CHECK_VALUE(
+      seq_len <= max_context_len, kOp, ": request ", i, ": seq_lens (", seq_len,
+      ") > req_to_token's max_context_len (", max_context_len, ")");
+}
+
 // Every value is checked before the first write, so a bad request leaves req_to_token untouched.
 void check_cpu_values(
     const at::Tensor& req_to_token,
@@ -63,16 +78,7 @@ void check_cpu_values(
   const int64_t rows = req_to_token.size(0);
   const int64_t max_context_len = req_to_token.size(1);
   for (int64_t i = 0; i < batch; ++i) {
-    TORCH_CHECK_INDEX(
-        rows_of[i] >= 0 && rows_of[i] < rows, kOp, ": request ", i, ": req_pool_indices is ", rows_of[i],
-        ", outside req_to_token's ", rows, " rows");
-    TORCH_CHECK_VALUE(prefix_lens[i] >= 0, kOp, ": request ", i, ": prefix_lens is negative (", prefix_lens[i], ")");
-    TORCH_CHECK_VALUE(
-        seq_lens[i] >= prefix_lens[i], kOp, ": request ", i, ": seq_lens (", seq_lens[i], ") < prefix_lens (",
-        prefix_lens[i], ")");
-    TORCH_CHECK_VALUE(
-        seq_lens[i] <= max_context_len, kOp, ": request ", i, ": seq_lens (", seq_lens[i],
-        ") > req_to_token's max_context_len (", max_context_len, ")");
+    check_request_span(i, rows_of[i], prefix_lens[i], seq_lens[i], rows, max_context_len);
     const int64_t extend_len = seq_lens[i] - prefix_lens[i];
     TORCH_CHECK_VALUE(
         out_cache_offsets[i] >= 0 && out_cache_offsets[i] + extend_len <= out_cache_len, kOp, ": request ", i,
@@ -221,15 +227,7 @@ py::tuple cache_index_plan(
   py::list offsets(batch);
   int64_t running = 0;
   for (Py_ssize_t i = 0; i < batch; ++i) {
-    TORCH_CHECK_INDEX(
-        rows_of[i] >= 0 && rows_of[i] < rows, kOp, ": request ", i, ": req_pool_indices is ", rows_of[i],
-        ", outside req_to_token's ", rows, " rows");
-    TORCH_CHECK_VALUE(prefix[i] >= 0, kOp, ": request ", i, ": prefix_lens is negative (", prefix[i], ")");
-    TORCH_CHECK_VALUE(
-        seq[i] >= prefix[i], kOp, ": request ", i, ": seq_lens (", seq[i], ") < prefix_lens (", prefix[i], ")");
-    TORCH_CHECK_VALUE(
-        seq[i] <= max_context_len, kOp, ": request ", i, ": seq_lens (", seq[i],
-        ") > req_to_token's max_context_len (", max_context_len, ")");
+    check_request_span(i, rows_of[i], prefix[i], seq[i], rows, max_context_len);
     TORCH_CHECK_VALUE(
         extend[i] == seq[i] - prefix[i], kOp, ": request ", i, ": extend_lens (", extend[i],
         ") != seq_lens - prefix_lens (", seq[i], " - ", prefix[i], ")");
