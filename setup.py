@@ -39,7 +39,7 @@ def _want_cuda():
 
 def _extension():
     with_cuda = _want_cuda()
-    cpp = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
+    cpp = sorted(glob.glob(os.path.join("csrc", "*.cpp")) + glob.glob(os.path.join("csrc", "builders", "*.cpp")))
     # The C++ standard is the one torch requires (it adds the flag); -g0 drops the debug info that
     # Python's own CFLAGS ask for, which doubles compile time on torch's headers.
     cxx_flags = ["-O3", "-g0"]

@@ -4,7 +4,9 @@
 
 Each builder is called on the same request data with each backend; a timed sample is a loop of calls
 sized to about --sample-ms, after a warm-up, and the median of --repeats samples is reported in
-microseconds per call, with ratio columns pinned/pinstage and blocking/pinstage. The GPU is idle
+microseconds per call, with ratio columns pinned/pinstage and blocking/pinstage. A fourth column,
+"py-gather", is the pinstage backend's staging fed by the Python gather that "pinned" and "blocking"
+use (one stage_many): it splits the gain between staging and the native gather. The GPU is idle
 (no busy kernel), so "blocking" shows its conversion cost but not the wait it adds under overlap.
 Without a GPU it runs on the CPU (device="cpu"), where "pinned" is a plain torch.tensor and the
 ratios say nothing about staging; the output says so.
@@ -33,6 +35,12 @@ from pinstage.builders import (  # noqa: E402
     build_sampling_batch,
     write_cache_indices,
 )
+from pinstage.builders._backend import stage  # noqa: E402
+from pinstage.builders.cache import stage_cache_index_plan_lists  # noqa: E402
+from pinstage.builders.decode import decode_input_items, last_token_ids  # noqa: E402
+from pinstage.builders.logits import logprob_index_values  # noqa: E402
+from pinstage.builders.sampling import sampling_items  # noqa: E402
+from pinstage import _C  # noqa: E402
 
 
 def decode_requests(rng, bs):
@@ -79,19 +87,40 @@ def cache_batch(rng, bs, device):
 
 
 def builder_calls(rng, bs, device):
-    """name -> function(backend) making one builder call on fixed data."""
+    """name -> (function(backend) making one builder call on fixed data, function() doing the same
+    work with the Python gather staged by pinstage.stage_many)."""
     requests = decode_requests(rng, bs)
     params = sampling_params(rng, bs)
     lens, starts = logprob_batch(rng, bs)
     cache_args = cache_batch(rng, bs, device)
+
+    def cache_with_python_plan():
+        rows, prefixes, lengths, offsets, pointers = stage_cache_index_plan_lists(*cache_args, "pinstage", None)
+        _C.write_cache_indices(cache_args[0], rows, pointers, prefixes, lengths, offsets, cache_args[-1], None)
+
+    def sampling_with_python_gather():
+        items, flags = sampling_items(params, True)
+        tensors = stage(items, "pinstage", None, device)
+        return tensors[0].view(-1, 1), flags
+
     return {
-        "decode_inputs": lambda b: build_decode_inputs(requests, backend=b, device=device),
-        "penalty_last_token_ids": lambda b: build_penalty_last_token_ids(requests, backend=b, device=device),
-        "sampling": lambda b: build_sampling_batch(
-            params, enable_deterministic_sampling=True, backend=b, device=device
+        "decode_inputs": (
+            lambda b: build_decode_inputs(requests, backend=b, device=device),
+            lambda: stage(decode_input_items(requests), "pinstage", None, device),
         ),
-        "logits": lambda b: build_logprob_indices(lens, starts, backend=b, device=device),
-        "cache": lambda b: write_cache_indices(*cache_args, backend=b),
+        "penalty_last_token_ids": (
+            lambda b: build_penalty_last_token_ids(requests, backend=b, device=device),
+            lambda: stage([(last_token_ids(requests), torch.int64)], "pinstage", None, device),
+        ),
+        "sampling": (
+            lambda b: build_sampling_batch(params, enable_deterministic_sampling=True, backend=b, device=device),
+            sampling_with_python_gather,
+        ),
+        "logits": (
+            lambda b: build_logprob_indices(lens, starts, backend=b, device=device),
+            lambda: stage([(v, torch.int64) for v in logprob_index_values(lens, starts)], "pinstage", None, device),
+        ),
+        "cache": (lambda b: write_cache_indices(*cache_args, backend=b), cache_with_python_plan),
     }
 
 
@@ -130,20 +159,24 @@ def main():
     rows = []
     for bs in (int(s) for s in args.sizes.split(",")):
         calls = builder_calls(random.Random(bs), bs, device)
-        for name, call in calls.items():
+        for name, (call, python_gather_call) in calls.items():
             us = {b: median_call_us(lambda: call(b), args.repeats, args.sample_ms) for b in BACKENDS}
+            us["py_gather"] = median_call_us(python_gather_call, args.repeats, args.sample_ms)
             if on_gpu:
                 torch.cuda.synchronize()
-            rows.append(dict(builder=name, bs=bs, **{f"{b}_us": us[b] for b in BACKENDS},
+            rows.append(dict(builder=name, bs=bs, **{f"{b}_us": us[b] for b in us},
                              pinned_over_pinstage=us["pinned"] / us["pinstage"],
-                             blocking_over_pinstage=us["blocking"] / us["pinstage"]))
+                             blocking_over_pinstage=us["blocking"] / us["pinstage"],
+                             pinned_over_py_gather=us["pinned"] / us["py_gather"]))
 
-    header = f"{'builder':<24}{'bs':>6}{'pinstage us':>13}{'pinned us':>11}{'blocking us':>13}{'pinned/ps':>11}{'blocking/ps':>13}"
+    header = (f"{'builder':<24}{'bs':>6}{'pinstage us':>13}{'py-gather us':>14}{'pinned us':>11}{'blocking us':>13}"
+              f"{'pinned/ps':>11}{'blocking/ps':>13}{'pinned/py-g':>13}")
     print(header)
     print("-" * len(header))
     for r in rows:
-        print(f"{r['builder']:<24}{r['bs']:>6}{r['pinstage_us']:>13.1f}{r['pinned_us']:>11.1f}{r['blocking_us']:>13.1f}"
-              f"{r['pinned_over_pinstage']:>11.2f}{r['blocking_over_pinstage']:>13.2f}")
+        print(f"{r['builder']:<24}{r['bs']:>6}{r['pinstage_us']:>13.1f}{r['py_gather_us']:>14.1f}{r['pinned_us']:>11.1f}"
+              f"{r['blocking_us']:>13.1f}{r['pinned_over_pinstage']:>11.2f}{r['blocking_over_pinstage']:>13.2f}"
+              f"{r['pinned_over_py_gather']:>13.2f}")
 
     if args.json:
         report = dict(

@@ -11,6 +11,7 @@
 #include "staging_registry.h"
 #include "target.h"
 
+#include "builders/native_builders.h"
 #include "cache_indices.h"
 
 #ifdef PINSTAGE_WITH_CUDA
@@ -160,4 +161,5 @@ PYBIND11_MODULE(_C, m) {
   });
   bind_ring_allocator_for_tests(m);
   bind_cache_indices(m);
+  builders::bind_native_builders(m);
 }

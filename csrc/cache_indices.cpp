@@ -3,6 +3,8 @@
 #include <torch/extension.h>
 
 #include "cache_indices.h"
+#include "stage.h"
+#include "target.h"
 
 #include <cstdint>
 #include <cstring>
@@ -186,10 +188,17 @@ py::object as_fast_sequence(const py::handle& seq, const char* field) {
   return py::reinterpret_steal<py::object>(fast);
 }
 
-// Validates the batch as the host sees it, before anything is staged or written, and returns the
+// A write_cache_indices batch as the kernel reads it, validated on the host.
+struct CacheIndexPlan {
+  std::vector<int64_t> rows_of, prefix_lens, seq_lens;
+  std::vector<uint64_t> prefix_pointers;  // data pointers of the prefix tensors
+  std::vector<int64_t> out_cache_offsets;  // each request's start in out_cache_loc
+};
+
+// Validates the batch as the host sees it, before anything is staged or written, and computes the
 // uint64 data pointers of the prefix tensors and each request's offset into out_cache_loc (one
 // running sum, so the kernel never re-sums earlier requests).
-py::tuple cache_index_plan(
+CacheIndexPlan plan_cache_indices(
     const at::Tensor& req_to_token,
     const py::handle& req_pool_indices,
     const py::handle& prefix_tensors,
@@ -215,19 +224,22 @@ py::tuple cache_index_plan(
         PySequence_Fast_GET_SIZE(seq->ptr()) == batch, kOp, ": ", field, " has ",
         PySequence_Fast_GET_SIZE(seq->ptr()), " entries but req_pool_indices has ", batch);
   }
-  const std::vector<int64_t> rows_of = int64_values(rows_seq.ptr(), "req_pool_indices");
-  const std::vector<int64_t> prefix = int64_values(prefix_seq.ptr(), "prefix_lens");
-  const std::vector<int64_t> seq = int64_values(seq_seq.ptr(), "seq_lens");
+  CacheIndexPlan plan;
+  plan.rows_of = int64_values(rows_seq.ptr(), "req_pool_indices");
+  plan.prefix_lens = int64_values(prefix_seq.ptr(), "prefix_lens");
+  plan.seq_lens = int64_values(seq_seq.ptr(), "seq_lens");
   const std::vector<int64_t> extend = int64_values(extend_seq.ptr(), "extend_lens");
+  const std::vector<int64_t>& prefix = plan.prefix_lens;
+  const std::vector<int64_t>& seq = plan.seq_lens;
   PyObject** tensors = PySequence_Fast_ITEMS(tensors_seq.ptr());
 
   const int64_t rows = req_to_token.size(0);
   const int64_t max_context_len = req_to_token.size(1);
-  py::list pointers(batch);
-  py::list offsets(batch);
+  plan.prefix_pointers.resize(static_cast<size_t>(batch));
+  plan.out_cache_offsets.resize(static_cast<size_t>(batch));
   int64_t running = 0;
   for (Py_ssize_t i = 0; i < batch; ++i) {
-    check_request_span(i, rows_of[i], prefix[i], seq[i], rows, max_context_len);
+    check_request_span(i, plan.rows_of[i], prefix[i], seq[i], rows, max_context_len);
     TORCH_CHECK_VALUE(
         extend[i] == seq[i] - prefix[i], kOp, ": request ", i, ": extend_lens (", extend[i],
         ") != seq_lens - prefix_lens (", seq[i], " - ", prefix[i], ")");
@@ -252,15 +264,57 @@ py::tuple cache_index_plan(
         prefix[i] <= 1 || cached.stride(0) == 1, kOp, ": request ", i,
         ": prefix_tensors entry must be contiguous, got stride ", cached.stride(0));
 
-    const uint64_t pointer = reinterpret_cast<uintptr_t>(cached.const_data_ptr());
-    PyList_SET_ITEM(pointers.ptr(), i, PyLong_FromUnsignedLongLong(pointer));
-    PyList_SET_ITEM(offsets.ptr(), i, PyLong_FromLongLong(running));
+    plan.prefix_pointers[i] = reinterpret_cast<uintptr_t>(cached.const_data_ptr());
+    plan.out_cache_offsets[i] = running;
     running += extend[i];
   }
   TORCH_CHECK_VALUE(
       running == out_cache_loc.numel(), kOp, ": extend_lens add up to ", running, " but out_cache_loc has ",
       out_cache_loc.numel(), " elements");
-  return py::make_tuple(std::move(pointers), std::move(offsets));
+  return plan;
+}
+
+// The plan's host-computed values as Python lists, for the "pinned" and "blocking" backends.
+py::tuple cache_index_plan(
+    const at::Tensor& req_to_token,
+    const py::handle& req_pool_indices,
+    const py::handle& prefix_tensors,
+    const py::handle& prefix_lens,
+    const py::handle& seq_lens,
+    const py::handle& extend_lens,
+    const at::Tensor& out_cache_loc) {
+  const CacheIndexPlan plan = plan_cache_indices(
+      req_to_token, req_pool_indices, prefix_tensors, prefix_lens, seq_lens, extend_lens, out_cache_loc);
+  return py::make_tuple(py::cast(plan.prefix_pointers), py::cast(plan.out_cache_offsets));
+}
+
+// The whole plan staged in one copy (backend="pinstage"): [req_pool_indices, prefix_lens, seq_lens,
+// out_cache_offsets as int64, prefix_pointers as uint64], on req_to_token's device and `stream`.
+std::vector<at::Tensor> stage_cache_index_plan(
+    const at::Tensor& req_to_token,
+    const py::handle& req_pool_indices,
+    const py::handle& prefix_tensors,
+    const py::handle& prefix_lens,
+    const py::handle& seq_lens,
+    const py::handle& extend_lens,
+    const at::Tensor& out_cache_loc,
+    const py::handle& stream) {
+  const CacheIndexPlan plan = plan_cache_indices(
+      req_to_token, req_pool_indices, prefix_tensors, prefix_lens, seq_lens, extend_lens, out_cache_loc);
+  const int64_t batch = static_cast<int64_t>(plan.rows_of.size());
+  const std::vector<pinstage::HostArray> arrays{
+      {plan.rows_of.data(), at::kLong, {batch}},
+      {plan.prefix_lens.data(), at::kLong, {batch}},
+      {plan.seq_lens.data(), at::kLong, {batch}},
+      {plan.out_cache_offsets.data(), at::kLong, {batch}},
+      {plan.prefix_pointers.data(), at::kUInt64, {batch}},
+  };
+  const py::object device = py::cast(req_to_token.device());
+  const pinstage::Target target = pinstage::resolve_target(stream.ptr(), device.ptr());
+  TORCH_CHECK_VALUE(
+      target.cuda == req_to_token.is_cuda() && (!target.cuda || target.index == req_to_token.device().index()), kOp,
+      ": stream is on another device than req_to_token (", req_to_token.device(), ")");
+  return pinstage::stage_host_arrays(arrays, target, "pinstage::builders::cache_index_plan");
 }
 
 }  // namespace
@@ -277,4 +331,10 @@ void bind_cache_indices(py::module_& m) {
       "Validate a write_cache_indices batch on the host; return (prefix data pointers, out_cache_loc offsets).",
       py::arg("req_to_token"), py::arg("req_pool_indices"), py::arg("prefix_tensors"), py::arg("prefix_lens"),
       py::arg("seq_lens"), py::arg("extend_lens"), py::arg("out_cache_loc"));
+  m.def(
+      "_stage_cache_index_plan", &stage_cache_index_plan,
+      "cache_index_plan, then its values and the request fields staged in one copy: [req_pool_indices, prefix_lens, "
+      "seq_lens, out_cache_offsets, prefix_pointers].",
+      py::arg("req_to_token"), py::arg("req_pool_indices"), py::arg("prefix_tensors"), py::arg("prefix_lens"),
+      py::arg("seq_lens"), py::arg("extend_lens"), py::arg("out_cache_loc"), py::arg("stream"));
 }

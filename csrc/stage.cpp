@@ -2,6 +2,7 @@
 
 #include <ATen/record_function.h>
 #include <ATen/ops/empty.h>
+#include <c10/util/accumulate.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -50,6 +51,13 @@ at::Tensor stage_on_cpu(ItemPlan& plan) {
   PyErr_SetString(e.type().ptr(), msg.c_str());
   throw py::error_already_set();
 }
+
+// Where one item of a one-copy staging sits: what stage_in_one_copy needs to lay it out.
+struct ItemLayout {
+  c10::ScalarType dtype;
+  std::vector<int64_t> shape;
+  size_t nbytes;
+};
 
 #ifdef PINSTAGE_WITH_CUDA
 
@@ -116,6 +124,32 @@ at::Tensor typed_view(const at::Tensor& buffer, size_t byte_offset, c10::ScalarT
   impl->set_storage_offset(static_cast<int64_t>(byte_offset / c10::elementSize(dtype)));
   impl->set_sizes_contiguous(shape);
   return at::Tensor(std::move(impl));
+}
+
+// One region holds every item, each at an aligned offset, written by write(i, dst); the device
+// buffer mirrors that layout so that a single copy moves them all, and each result is a view of it.
+// The caller holds a device guard for the target's device and has refused capturing streams.
+template <class WriteItem>
+std::vector<at::Tensor> stage_in_one_copy(const Target& target, const std::vector<ItemLayout>& layouts,
+                                          WriteItem&& write, const size_t& fallbacks) {
+  const c10::cuda::CUDAStream& s = *target.stream;
+  std::vector<size_t> offsets(layouts.size());
+  size_t total = 0;
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    offsets[i] = align_up(total, kStagingAlignment);
+    total = offsets[i] + layouts[i].nbytes;
+  }
+  StagingRing& ring = ring_for(target.index);
+  std::optional<LeaseGuard> lease;
+  if (total > 0) lease.emplace(ring, total);
+  for (size_t i = 0; i < layouts.size(); ++i) write(i, layouts[i].nbytes > 0 ? lease->data() + offsets[i] : nullptr);
+  at::Tensor buffer = empty_on_stream({static_cast<int64_t>(total)}, c10::ScalarType::Byte, s);
+  if (total > 0) lease->copy_and_commit(buffer.data_ptr(), total, s);
+  count(ring, total, fallbacks);  // read after the writes: they count the fallbacks
+  std::vector<at::Tensor> results;
+  results.reserve(layouts.size());
+  for (size_t i = 0; i < layouts.size(); ++i) results.push_back(typed_view(buffer, offsets[i], layouts[i].dtype, layouts[i].shape));
+  return results;
 }
 
 #endif  // PINSTAGE_WITH_CUDA
@@ -204,34 +238,50 @@ std::vector<at::Tensor> stage_many(PyObject* items, PyObject* stream, PyObject* 
     return results;
   }
 #ifdef PINSTAGE_WITH_CUDA
-  const c10::cuda::CUDAStream& s = *target.stream;
-  // One region holds every item, each at an aligned offset; the device buffer mirrors that layout
-  // so that a single copy moves them all.
-  std::vector<size_t> offsets(plans.size());
-  size_t total = 0;
-  for (size_t i = 0; i < plans.size(); ++i) {
-    offsets[i] = align_up(total, kStagingAlignment);
-    total = offsets[i] + plans[i].nbytes;
-  }
-  StagingRing& ring = ring_for(target.index);
-  std::optional<LeaseGuard> lease;
-  if (total > 0) lease.emplace(ring, total);
   size_t fallbacks = 0;
-  for (size_t i = 0; i < plans.size(); ++i) {
+  std::vector<ItemLayout> layouts;
+  layouts.reserve(plans.size());
+  for (const ItemPlan& plan : plans) layouts.push_back({plan.dtype, plan.shape, plan.nbytes});
+  results = stage_in_one_copy(target, layouts, [&](size_t i, uint8_t* dst) {
     try {
-      write_item(plans[i], plans[i].nbytes > 0 ? lease->data() + offsets[i] : nullptr);
+      write_item(plans[i], dst);
     } catch (py::error_already_set& e) {
       rethrow_for_item(e, i);  // the lease guard gives the region back
     }
     fallbacks += plans[i].via_fallback ? 1 : 0;
-  }
-  at::Tensor buffer = empty_on_stream({static_cast<int64_t>(total)}, c10::ScalarType::Byte, s);
-  if (total > 0) {
-    lease->copy_and_commit(buffer.data_ptr(), total, s);
-  }
-  count(ring, total, fallbacks);
-  for (size_t i = 0; i < plans.size(); ++i) results.push_back(typed_view(buffer, offsets[i], plans[i].dtype, plans[i].shape));
+  }, fallbacks);
   return results;
+#else
+  TORCH_INTERNAL_ASSERT(false, "unreachable: CUDA target in a CPU-only build");
+#endif
+}
+
+std::vector<at::Tensor> stage_host_arrays(const std::vector<HostArray>& arrays, const Target& target, const char* api) {
+  ProfilerRange range(api);
+  std::vector<ItemLayout> layouts;
+  layouts.reserve(arrays.size());
+  for (const HostArray& a : arrays) {
+    layouts.push_back({a.dtype, a.shape, static_cast<size_t>(c10::multiply_integers(a.shape)) * c10::elementSize(a.dtype)});
+  }
+  const auto copy_bytes = [&](size_t i, uint8_t* dst) {
+    if (layouts[i].nbytes > 0) std::memcpy(dst, arrays[i].data, layouts[i].nbytes);
+  };
+  if (!target.cuda) {
+    std::vector<at::Tensor> results;
+    results.reserve(arrays.size());
+    auto& c = cpu_counters();
+    for (size_t i = 0; i < arrays.size(); ++i) {
+      results.push_back(at::empty(layouts[i].shape, at::TensorOptions().dtype(layouts[i].dtype)));
+      copy_bytes(i, static_cast<uint8_t*>(results.back().data_ptr()));
+      c.calls.fetch_add(1, std::memory_order_relaxed);
+      c.bytes_staged.fetch_add(layouts[i].nbytes, std::memory_order_relaxed);
+    }
+    return results;
+  }
+#ifdef PINSTAGE_WITH_CUDA
+  check_not_capturing(*target.stream, api);
+  c10::cuda::CUDAGuard device_guard(target.index);
+  return stage_in_one_copy(target, layouts, copy_bytes, 0);
 #else
   TORCH_INTERNAL_ASSERT(false, "unreachable: CUDA target in a CPU-only build");
 #endif

@@ -29,12 +29,32 @@ def write_cache_indices(
     host does not wait; the prefix tensors must stay alive until that stream has run the kernel.
     """
     check_backend(backend)
+    if backend == "pinstage":
+        # Validated and staged in one step: the request fields and the plan go from C++ vectors
+        # into one ring region and one copy, without Python lists in between.
+        staged = _C._stage_cache_index_plan(
+            req_to_token, req_pool_indices, prefix_tensors, prefix_lens, seq_lens, extend_lens, out_cache_loc, stream
+        )
+    else:
+        staged = stage_cache_index_plan_lists(
+            req_to_token, req_pool_indices, prefix_tensors, prefix_lens, seq_lens, extend_lens, out_cache_loc,
+            backend, stream,
+        )
+    rows, prefixes, lengths, offsets, pointers = staged
+    _C.write_cache_indices(req_to_token, rows, pointers, prefixes, lengths, offsets, out_cache_loc, stream)
+
+
+def stage_cache_index_plan_lists(
+    req_to_token, req_pool_indices, prefix_tensors, prefix_lens, seq_lens, extend_lens, out_cache_loc, backend, stream
+):
+    """The plan as Python lists, staged by `backend`: what the "pinned" and "blocking" backends do.
+    Returns [req_pool_indices, prefix_lens, seq_lens, out_cache_offsets, prefix_pointers]."""
     # The kernel reaches each prefix through its data pointer: only the host can still check its
     # device, dtype and length, so cache_index_plan does that before taking the pointers.
     prefix_pointers, out_cache_offsets = _C.cache_index_plan(
         req_to_token, req_pool_indices, prefix_tensors, prefix_lens, seq_lens, extend_lens, out_cache_loc
     )
-    rows, prefixes, lengths, offsets, pointers = stage(
+    return stage(
         [
             (req_pool_indices, torch.int64),
             (prefix_lens, torch.int64),
@@ -46,4 +66,3 @@ def write_cache_indices(
         stream,
         req_to_token.device,
     )
-    _C.write_cache_indices(req_to_token, rows, pointers, prefixes, lengths, offsets, out_cache_loc, stream)

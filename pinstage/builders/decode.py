@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import _C
 from ._backend import stage
 
 
@@ -27,25 +28,35 @@ def last_token_ids(requests):
         raise
 
 
-def build_penalty_last_token_ids(requests, *, backend="pinstage", stream=None, device=None):
-    """int64 [bs] of last tokens for the penalizers, for engines whose input ids are already on the
-    device (overlap scheduling) and only the penalty path needs the host's copy."""
-    (ids,) = stage([(last_token_ids(requests), torch.int64)], backend, stream, device)
-    return ids
-
-
-def build_decode_inputs(requests, *, backend="pinstage", stream=None, device=None):
-    """The three per-step decode tensors, staged together (one copy with backend="pinstage")."""
+def decode_input_items(requests):
+    """The Python gather: [(input_ids, int64), (seq_lens, int64), (req_pool_indices, int64)] as host
+    lists, validated. The "pinned" and "blocking" backends stage these; "pinstage" gathers natively."""
     input_ids = last_token_ids(requests)
     seq_lens = [len(r.origin_input_ids) + len(r.output_ids) for r in requests]
     req_pool_indices = [r.req_pool_idx for r in requests]
     if req_pool_indices and min(req_pool_indices) < 0:
         i = next(i for i, row in enumerate(req_pool_indices) if row < 0)
         raise IndexError(f"request {i}: req_pool_idx must be >= 0, got {req_pool_indices[i]}")
-    tensors = stage(
-        [(input_ids, torch.int64), (seq_lens, torch.int64), (req_pool_indices, torch.int64)],
-        backend,
-        stream,
-        device,
-    )
-    return DecodeInputs(*tensors)
+    return [(input_ids, torch.int64), (seq_lens, torch.int64), (req_pool_indices, torch.int64)]
+
+
+def build_penalty_last_token_ids(requests, *, backend="pinstage", stream=None, device=None):
+    """int64 [bs] of last tokens for the penalizers, for engines whose input ids are already on the
+    device (overlap scheduling) and only the penalty path needs the host's copy."""
+    if backend == "pinstage":
+        # C++ reads the requests and stages in one copy; it declines (None) anything unusual, and
+        # the Python gather below then stages it or raises its error.
+        staged = _C._stage_decode_inputs(requests, True, stream, device)
+        if staged is not None:
+            return staged[0]
+    (ids,) = stage([(last_token_ids(requests), torch.int64)], backend, stream, device)
+    return ids
+
+
+def build_decode_inputs(requests, *, backend="pinstage", stream=None, device=None):
+    """The three per-step decode tensors, staged together (one copy with backend="pinstage")."""
+    if backend == "pinstage":
+        staged = _C._stage_decode_inputs(requests, False, stream, device)
+        if staged is not None:
+            return DecodeInputs(*staged)
+    return DecodeInputs(*stage(decode_input_items(requests), backend, stream, device))

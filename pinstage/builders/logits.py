@@ -17,6 +17,7 @@ from operator import add, eq, sub
 import numpy as np
 import torch
 
+from .. import _C
 from ._backend import stage
 
 # Below this batch size the itertools version is cheaper (numpy's fixed cost per call dominates);
@@ -96,6 +97,20 @@ def _raise_first_invalid(lens, starts):
     raise TypeError("extend_seq_lens and extend_logprob_start_lens must be lists of ints")
 
 
+def logprob_index_values(extend_seq_lens, extend_logprob_start_lens):
+    """The Python computation: (sample_indices, input_logprob_indices, pruned_lens,
+    pruned_row_indices) as lists or int64 numpy arrays, validated. The "pinned" and "blocking"
+    backends stage these; "pinstage" computes them in C++."""
+    lens, starts = extend_seq_lens, extend_logprob_start_lens
+    if len(lens) >= _NUMPY_FROM_BATCH_SIZE:
+        return _indices_from_arrays(lens, starts)
+    _check_lists(lens, starts)
+    try:
+        return _indices_from_lists(lens, starts)
+    except TypeError:  # a float length passes min() but not range()
+        _raise_first_invalid(lens, starts)
+
+
 def build_logprob_indices(
     extend_seq_lens, extend_logprob_start_lens, *, backend="pinstage", stream=None, device=None
 ):
@@ -107,13 +122,12 @@ def build_logprob_indices(
     lens, starts = extend_seq_lens, extend_logprob_start_lens
     if len(lens) != len(starts):
         raise ValueError(f"extend_seq_lens has {len(lens)} entries but extend_logprob_start_lens has {len(starts)}")
-    if len(lens) >= _NUMPY_FROM_BATCH_SIZE:
-        values = _indices_from_arrays(lens, starts)
-    else:
-        _check_lists(lens, starts)
-        try:
-            values = _indices_from_lists(lens, starts)
-        except TypeError:  # a float length passes min() but not range()
-            _raise_first_invalid(lens, starts)
+    if backend == "pinstage":
+        # One pass in C++ straight to the staged arrays; None (declined) for anything but valid
+        # lists of ints, which the Python computation below then handles or rejects.
+        staged = _C._stage_logprob_indices(lens, starts, stream, device)
+        if staged is not None:
+            return LogprobIndices(*staged)
+    values = logprob_index_values(lens, starts)
     tensors = stage([(v, torch.int64) for v in values], backend, stream, device)
     return LogprobIndices(*tensors)

@@ -1,0 +1,28 @@
+// The builders' native gathers: per-request fields read from Python objects in C++, converted
+// into host arrays and staged with one copy (stage_host_arrays), for backend="pinstage".
+//
+// Each returns None when it declines (see py_fields.h); the Python builder then takes its own path.
+#pragma once
+
+#include <torch/csrc/utils/pybind.h>
+
+namespace pinstage::builders {
+
+// [input_ids] or [input_ids, seq_lens, req_pool_indices], int64 [bs] each, from requests with
+// origin_input_ids and output_ids (lists or tuples of ints) and req_pool_idx (an int >= 0).
+pybind11::object stage_decode_inputs(pybind11::handle requests, bool last_tokens_only, pybind11::handle stream,
+                                     pybind11::handle device);
+
+// ([temperatures [bs,1], top_ps, top_ks, min_ps(, seeds)], is_all_greedy, need_top_p, need_top_k,
+// need_min_p) from objects with temperature, top_p, top_k, min_p and sampling_seed.
+pybind11::object stage_sampling_batch(pybind11::handle params, bool with_seeds, int64_t top_k_all,
+                                      int64_t default_seed, pybind11::handle stream, pybind11::handle device);
+
+// [sample_indices, input_logprob_indices, pruned_lens, pruned_row_indices] from lists of ints.
+pybind11::object stage_logprob_indices(pybind11::handle extend_seq_lens, pybind11::handle extend_logprob_start_lens,
+                                       pybind11::handle stream, pybind11::handle device);
+
+// Adds the gathers above to the extension module as private functions (_stage_*).
+void bind_native_builders(pybind11::module_& m);
+
+}  // namespace pinstage::builders

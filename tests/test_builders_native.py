@@ -1,0 +1,283 @@
+"""The native gathers behind backend="pinstage": taken for plain request data, equal to the Python
+gather that the other backends use, declining (None) whatever they would not convert exactly as it
+does, and on the GPU one copy each, never reading ring memory that is reused, refused under capture."""
+import numpy as np
+import pytest
+import torch
+from builders_support import BATCH_SIZES, DEVICES, assert_fields_equal, assert_same_tensor, needs_cuda
+
+import pinstage
+from pinstage import _C
+from pinstage.builders import (
+    DEFAULT_SAMPLING_SEED, TOP_K_ALL, Request, SamplingParams, build_decode_inputs, build_logprob_indices,
+    build_penalty_last_token_ids, build_sampling_batch,
+)
+from pinstage.builders.decode import decode_input_items
+from pinstage.builders.logits import logprob_index_values
+from pinstage.builders.sampling import sampling_items
+
+
+def random_requests(rng, bs):
+    return [
+        Request(
+            [rng.randrange(1 << 17) for _ in range(rng.randint(1, 6))],
+            [rng.randrange(1 << 17) for _ in range(rng.choice([0, 0, 1, 3]))],
+            req_pool_idx=rng.randrange(8192),
+        )
+        for _ in range(bs)
+    ]
+
+
+def random_params(rng, bs):
+    # ints where floats are expected too: SamplingParams(temperature=1) is common in engine code.
+    return [
+        SamplingParams(
+            temperature=rng.choice([0.0, 0.5, 1, 1.3, 2]),
+            top_p=rng.choice([1.0, 1, 0.9, 0.3]),
+            top_k=rng.choice([-1, 1, 20, TOP_K_ALL]),
+            min_p=rng.choice([0.0, 0, 0.05, 1]),
+            sampling_seed=rng.choice([None, rng.randrange(1 << 62)]),
+        )
+        for _ in range(bs)
+    ]
+
+
+def random_logprob_batch(rng, bs):
+    lens = [rng.randint(1, 40) for _ in range(bs)]
+    starts = [rng.choice([n, 0, rng.randint(0, n)]) for n in lens]
+    return lens, starts
+
+
+def reference_tensors(values_and_dtypes):
+    return [torch.tensor(np.asarray(v) if isinstance(v, np.ndarray) else v, dtype=d) for v, d in values_and_dtypes]
+
+
+def assert_tensors_equal(actual, expected, device):
+    assert len(actual) == len(expected)
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        assert a.device.type == device, (i, a.device)
+        assert_same_tensor(a.cpu(), e, f"tensor {i}")
+
+
+def finish(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bs", BATCH_SIZES)
+def test_decode_gather_equals_python_gather(rng, device, bs):
+    requests = random_requests(rng, bs)
+    staged = _C._stage_decode_inputs(requests, False, None, device)
+    last_only = _C._stage_decode_inputs(requests, True, None, device)
+    assert staged is not None and last_only is not None, "plain requests must take the native gather"
+    finish(device)
+    expected = reference_tensors(decode_input_items(requests))
+    assert_tensors_equal(staged, expected, device)
+    assert_tensors_equal(last_only, expected[:1], device)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bs", BATCH_SIZES)
+def test_sampling_gather_equals_python_gather(rng, device, bs, deterministic):
+    params = random_params(rng, bs)
+    staged = _C._stage_sampling_batch(params, deterministic, TOP_K_ALL, DEFAULT_SAMPLING_SEED, None, device)
+    assert staged is not None, "plain sampling params must take the native gather"
+    finish(device)
+    tensors, *flags = staged
+    items, expected_flags = sampling_items(params, deterministic)
+    expected = reference_tensors(items)
+    expected[0] = expected[0].view(-1, 1)
+    assert_tensors_equal(tensors, expected, device)
+    assert tuple(flags) == expected_flags
+
+
+def test_sampling_flags_cover_each_case():
+    def flags(**kw):
+        staged = _C._stage_sampling_batch([SamplingParams(), SamplingParams(**kw)], False, TOP_K_ALL, 42, None, "cpu")
+        return tuple(staged[1:])
+
+    assert flags() == (False, False, False, False)
+    assert flags(top_p=0.5) == (False, True, False, False)
+    assert flags(top_k=5) == (False, False, True, False)
+    assert flags(min_p=0.1) == (False, False, False, True)
+    all_greedy = _C._stage_sampling_batch([SamplingParams(temperature=0.0)] * 2, False, TOP_K_ALL, 42, None, "cpu")
+    assert tuple(all_greedy[1:]) == (True, False, True, False)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bs", BATCH_SIZES)
+def test_logprob_indices_equal_python_computation(rng, device, bs):
+    lens, starts = random_logprob_batch(rng, bs)
+    for as_seq in (list, tuple):
+        staged = _C._stage_logprob_indices(as_seq(lens), as_seq(starts), None, device)
+        assert staged is not None, "lists of ints must take the native computation"
+        finish(device)
+        expected = reference_tensors([(v, torch.int64) for v in logprob_index_values(lens, starts)])
+        assert_tensors_equal(staged, expected, device)
+
+
+class PropertyRequest:
+    """A request whose fields are properties, as engines' request classes often have."""
+
+    def __init__(self, prompt, output, row):
+        self._prompt, self._output, self._row = prompt, output, row
+
+    origin_input_ids = property(lambda self: self._prompt)
+    output_ids = property(lambda self: self._output)
+    req_pool_idx = property(lambda self: self._row)
+
+
+def test_fields_behind_properties_are_read():
+    requests = [PropertyRequest([1, 2], [], 4), PropertyRequest((3,), (5, 6), 0)]
+    staged = _C._stage_decode_inputs(requests, False, None, "cpu")
+    assert [t.tolist() for t in staged] == [[2, 6], [2, 3], [4, 0]]
+
+
+def test_a_getter_that_empties_the_batch_makes_the_gather_decline():
+    requests = []
+
+    class Shrinking(PropertyRequest):
+        @property
+        def output_ids(self):
+            requests.clear()  # the list the gather walks loses this very request
+            return [7]
+
+    requests.extend([Shrinking([1], [], 0), Shrinking([2], [], 1)])
+    assert _C._stage_decode_inputs(requests, False, None, "cpu") is None
+
+
+DECLINED_REQUESTS = {
+    "numpy row": lambda: [Request([1, 2], [3], req_pool_idx=np.int64(5))],
+    "bool row": lambda: [Request([1, 2], [3], req_pool_idx=True)],
+    "numpy token": lambda: [Request([1, np.int64(2)], [], req_pool_idx=0)],
+}
+
+
+@pytest.mark.parametrize("case", sorted(DECLINED_REQUESTS))
+@pytest.mark.parametrize("device", DEVICES)
+def test_declined_requests_still_stage_what_python_gives(case, device):
+    requests = DECLINED_REQUESTS[case]()
+    assert _C._stage_decode_inputs(requests, False, None, device) is None
+    got = build_decode_inputs(requests, device=device)
+    want = build_decode_inputs(requests, backend="blocking", device=device)
+    assert_fields_equal(got, want)
+    if case == "numpy token":
+        assert_same_tensor(build_penalty_last_token_ids(requests, device=device).cpu(), torch.tensor([2]))
+
+
+DECLINED_PARAMS = {
+    "bool temperature": dict(temperature=True),
+    "numpy top_k": dict(top_k=np.int32(5)),
+    "int beyond 2**53 as temperature": dict(temperature=2**60),
+    "numpy seed": dict(sampling_seed=np.int64(7)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DECLINED_PARAMS))
+@pytest.mark.parametrize("device", DEVICES)
+def test_declined_params_still_stage_what_python_gives(case, device):
+    params = [SamplingParams(), SamplingParams(**DECLINED_PARAMS[case])]
+    assert _C._stage_sampling_batch(params, True, TOP_K_ALL, 42, None, device) is None
+    got = build_sampling_batch(params, enable_deterministic_sampling=True, device=device)
+    want = build_sampling_batch(params, enable_deterministic_sampling=True, backend="blocking", device=device)
+    assert_fields_equal(got, want)
+
+
+@pytest.mark.parametrize(
+    "field, bad",
+    [("temperature", -0.5), ("temperature", float("nan")), ("top_p", 0.0), ("top_p", 1.5), ("top_k", 0),
+     ("min_p", -0.1), ("min_p", 2), ("top_k", "5"), ("temperature", None)],
+)
+def test_invalid_params_make_the_gather_decline(field, bad):
+    p = SamplingParams()
+    setattr(p, field, bad)  # after __post_init__, as a mutated or duck-typed object would arrive
+    assert _C._stage_sampling_batch([SamplingParams(), p], False, TOP_K_ALL, 42, None, "cpu") is None
+    with pytest.raises((ValueError, TypeError), match=f"request 1: {field}"):
+        build_sampling_batch([SamplingParams(), p], device="cpu")
+
+
+@pytest.mark.parametrize(
+    "lens, starts",
+    [([3, 0], [0, 0]), ([3, 4], [0, 5]), ([3, 4], [0, -1]), ([3, 4.0], [0, 0]), ([3, True], [0, 0]),
+     ([3, np.int64(4)], [0, 0]), ([3, 4], [0])],
+)
+def test_logprob_indices_decline_anything_but_valid_int_lists(lens, starts):
+    assert _C._stage_logprob_indices(lens, starts, None, "cpu") is None
+
+
+def test_numpy_lengths_still_stage_what_python_gives():
+    lens, starts = [3, np.int64(4)], [0, 4]
+    got = build_logprob_indices(lens, starts, device="cpu")
+    want = build_logprob_indices(lens, starts, backend="blocking", device="cpu")
+    assert_fields_equal(got, want)
+
+
+# ---------------------------------------------------------------------------------------------
+# On the GPU
+
+NATIVE_CALLS = {
+    "decode": lambda rng: _C._stage_decode_inputs(random_requests(rng, 64), False, None, None),
+    "penalty": lambda rng: _C._stage_decode_inputs(random_requests(rng, 64), True, None, None),
+    "sampling": lambda rng: _C._stage_sampling_batch(random_params(rng, 64), True, TOP_K_ALL, 42, None, None),
+    "logits": lambda rng: _C._stage_logprob_indices(*random_logprob_batch(rng, 64), None, None),
+}
+
+
+@needs_cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", sorted(NATIVE_CALLS))
+def test_each_native_gather_is_one_copy(rng, name):
+    NATIVE_CALLS[name](rng)
+    torch.cuda.synchronize()
+    before = pinstage.stats()
+    with pinstage.testing.no_sync():
+        tensors = NATIVE_CALLS[name](rng)
+    after = pinstage.stats()
+    assert after["copies"] - before["copies"] == 1
+    assert after["calls"] - before["calls"] == 1
+    assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1, "results are views of one allocation"
+
+
+@needs_cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", sorted(NATIVE_CALLS))
+def test_native_gathers_refuse_a_capturing_stream(rng, name):
+    NATIVE_CALLS[name](rng)  # warm: nothing lazy left to initialise inside the capture
+    capture_stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    static = torch.zeros(4, device="cuda")
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph, stream=capture_stream):
+        static += 1
+        with pytest.raises(RuntimeError, match="(?i)captur"):
+            NATIVE_CALLS[name](rng)
+
+
+@needs_cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("on_full", ["overflow", "wait"])
+def test_native_gathers_never_reuse_ring_memory_still_being_copied(rng, on_full):
+    """A 4 KiB ring, the stream asleep, and many builder calls with different values: if any region
+    were handed out while its copy was still queued, a later call's values would show up in an
+    earlier call's result."""
+    from builders_support import BUSY_CYCLES
+
+    stats = pinstage.stats()
+    pinstage.configure(ring_bytes=4096, on_full=on_full)
+    try:
+        batches = [random_requests(rng, rng.randint(1, 48)) for _ in range(120)]
+        params = [random_params(rng, rng.randint(1, 24)) for _ in range(120)]
+        torch.cuda.synchronize()
+        torch.cuda._sleep(BUSY_CYCLES)
+        decode = [build_decode_inputs(b) for b in batches]
+        sampling = [build_sampling_batch(p, enable_deterministic_sampling=True) for p in params]
+        torch.cuda.synchronize()
+        for b, got in zip(batches, decode):
+            assert_fields_equal(got, build_decode_inputs(b, backend="blocking"))
+        for p, got in zip(params, sampling):
+            assert_fields_equal(got, build_sampling_batch(p, enable_deterministic_sampling=True, backend="blocking"))
+    finally:
+        torch.cuda.synchronize()
+        pinstage.configure(ring_bytes=stats["ring_bytes"], on_full=stats["on_full"])
