@@ -3,7 +3,8 @@
     python bench/builders.py [--json out.json] [--sizes 1,8,64,256,1024] [--repeats 15]
 
 Each builder is called on the same request data with each backend; a timed sample is a loop of calls
-sized to about --sample-ms, after a warm-up, and the median of --repeats samples is reported in
+sized to about --sample-ms, after a warm-up, the methods take their samples in turn (round-robin),
+and the median of --repeats samples is reported in
 microseconds per call, with ratio columns pinned/pinstage and blocking/pinstage. A fourth column,
 "py-gather", is the pinstage backend's staging fed by the Python gather that "pinned" and "blocking"
 use (one stage_many): it splits the gain between staging and the native gather. The GPU is idle
@@ -124,20 +125,25 @@ def builder_calls(rng, bs, device):
     }
 
 
-def median_call_us(call, repeats, sample_ms):
-    for _ in range(3):
-        call()
-    start = time.perf_counter_ns()
-    call()
-    per_call = max(time.perf_counter_ns() - start, 1)
-    calls = max(1, int(sample_ms * 1e6 / per_call))
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter_ns()
-        for _ in range(calls):
+def median_call_us(calls, repeats, sample_ms):
+    """name -> call: median microseconds per call of each, over `repeats` samples taken in turn (one
+    sample of each call per round), so that drifts in the machine's speed reach every call alike."""
+    loops = {}
+    for name, call in calls.items():
+        for _ in range(3):
             call()
-        samples.append((time.perf_counter_ns() - start) / calls / 1e3)
-    return statistics.median(samples)
+        start = time.perf_counter_ns()
+        call()
+        loops[name] = max(1, int(sample_ms * 1e6 / max(time.perf_counter_ns() - start, 1)))
+    samples = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, call in calls.items():
+            n = loops[name]
+            start = time.perf_counter_ns()
+            for _ in range(n):
+                call()
+            samples[name].append((time.perf_counter_ns() - start) / n / 1e3)
+    return {name: statistics.median(s) for name, s in samples.items()}
 
 
 def main():
@@ -160,8 +166,9 @@ def main():
     for bs in (int(s) for s in args.sizes.split(",")):
         calls = builder_calls(random.Random(bs), bs, device)
         for name, (call, python_gather_call) in calls.items():
-            us = {b: median_call_us(lambda: call(b), args.repeats, args.sample_ms) for b in BACKENDS}
-            us["py_gather"] = median_call_us(python_gather_call, args.repeats, args.sample_ms)
+            methods = {b: (lambda b=b: call(b)) for b in BACKENDS}
+            methods["py_gather"] = python_gather_call
+            us = median_call_us(methods, args.repeats, args.sample_ms)
             if on_gpu:
                 torch.cuda.synchronize()
             rows.append(dict(builder=name, bs=bs, **{f"{b}_us": us[b] for b in us},

@@ -143,10 +143,17 @@ std::vector<at::Tensor> stage_in_one_copy(const Target& target, const std::vecto
   std::optional<LeaseGuard> lease;
   if (total > 0) lease.emplace(ring, total);
   for (size_t i = 0; i < layouts.size(); ++i) write(i, layouts[i].nbytes > 0 ? lease->data() + offsets[i] : nullptr);
-  at::Tensor buffer = empty_on_stream({static_cast<int64_t>(total)}, c10::ScalarType::Byte, s);
+  // A single item is allocated with its own dtype and shape: no byte buffer and view to make.
+  const bool single = layouts.size() == 1;
+  at::Tensor buffer = single ? empty_on_stream(layouts[0].shape, layouts[0].dtype, s)
+                             : empty_on_stream({static_cast<int64_t>(total)}, c10::ScalarType::Byte, s);
   if (total > 0) lease->copy_and_commit(buffer.data_ptr(), total, s);
   count(ring, total, fallbacks);  // read after the writes: they count the fallbacks
   std::vector<at::Tensor> results;
+  if (single) {
+    results.push_back(std::move(buffer));
+    return results;
+  }
   results.reserve(layouts.size());
   for (size_t i = 0; i < layouts.size(); ++i) results.push_back(typed_view(buffer, offsets[i], layouts[i].dtype, layouts[i].shape));
   return results;

@@ -220,7 +220,8 @@ def test_numpy_lengths_still_stage_what_python_gives():
 NATIVE_CALLS = {
     "decode": lambda rng: _C._stage_decode_inputs(random_requests(rng, 64), False, None, None),
     "penalty": lambda rng: _C._stage_decode_inputs(random_requests(rng, 64), True, None, None),
-    "sampling": lambda rng: _C._stage_sampling_batch(random_params(rng, 64), True, TOP_K_ALL, 42, None, None),
+    # (tensors, flags...): the tensors
+    "sampling": lambda rng: _C._stage_sampling_batch(random_params(rng, 64), True, TOP_K_ALL, 42, None, None)[0],
     "logits": lambda rng: _C._stage_logprob_indices(*random_logprob_batch(rng, 64), None, None),
 }
 

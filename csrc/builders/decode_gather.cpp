@@ -17,6 +17,7 @@ py::object stage_decode_inputs(py::handle requests, bool last_tokens_only, py::h
   PINSTAGE_ATTR_NAME(kOutputIds, "output_ids");
   PINSTAGE_ATTR_NAME(kPromptIds, "origin_input_ids");
   PINSTAGE_ATTR_NAME(kPoolRow, "req_pool_idx");
+  FieldReader output_ids(kOutputIds), prompt_ids(kPromptIds), pool_row(kPoolRow);
 
   Py_ssize_t bs = 0;
   PyObject** reqs = nullptr;
@@ -28,19 +29,19 @@ py::object stage_decode_inputs(py::handle requests, bool last_tokens_only, py::h
   std::vector<int64_t> rows(last_tokens_only ? 0 : static_cast<size_t>(bs));
   for (Py_ssize_t i = 0; i < bs; ++i) {
     // Held: a property getter below runs Python code, which could drop it from the caller's list.
-    const py::object req_ref = item_at(requests.ptr(), bs, i);
+    const Ref req_ref = item_at(requests.ptr(), bs, i);
     if (!req_ref) return py::none();
     PyObject* req = req_ref.ptr();
-    const py::object output = get_field(req, kOutputIds);
+    const Ref output = output_ids.read(req);
     Py_ssize_t n_output = 0, n_prompt = 0;
     PyObject** output_items = nullptr;
     PyObject** prompt_items = nullptr;
     if (!output || !as_list_or_tuple(output.ptr(), &n_output, &output_items)) return py::none();
     // `output_ids or origin_input_ids`: the prompt is read only when it is needed, as in Python.
     const bool from_prompt = n_output == 0;
-    py::object prompt;
+    Ref prompt;
     if (from_prompt || !last_tokens_only) {
-      prompt = get_field(req, kPromptIds);
+      prompt = prompt_ids.read(req);
       if (!prompt || !as_list_or_tuple(prompt.ptr(), &n_prompt, &prompt_items)) return py::none();
       // The prompt's getter may have run Python code that resized the output list: look again.
       as_list_or_tuple(output.ptr(), &n_output, &output_items);
@@ -51,7 +52,7 @@ py::object stage_decode_inputs(py::handle requests, bool last_tokens_only, py::h
     if (!store<int64_t>(last, &last_ids[i])) return py::none();
     if (last_tokens_only) continue;
     seq_lens[i] = static_cast<int64_t>(n_prompt) + static_cast<int64_t>(n_output);
-    const py::object row = get_field(req, kPoolRow);
+    const Ref row = pool_row.read(req);
     if (!row || !exact_int(row.ptr(), &rows[i]) || rows[i] < 0) return py::none();
   }
 

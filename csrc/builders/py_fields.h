@@ -9,6 +9,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <cstdint>
+#include <utility>
 
 namespace pinstage::builders {
 
@@ -16,12 +17,86 @@ namespace pinstage::builders {
 #define PINSTAGE_ATTR_NAME(var, literal) \
   static PyObject* const var = PyUnicode_InternFromString(literal)
 
-// obj.name as a new reference, or an empty object (error cleared) when the lookup raises.
-inline pybind11::object get_field(PyObject* obj, PyObject* name) {
-  PyObject* value = PyObject_GetAttr(obj, name);
-  if (value == nullptr) PyErr_Clear();
-  return pybind11::reinterpret_steal<pybind11::object>(value);
-}
+// An owned reference for the gather loops, with Python's own inline reference counting
+// (pybind11::object's is an out-of-line call, which a loop of several reads per request notices).
+class Ref {
+ public:
+  Ref() = default;
+  static Ref steal(PyObject* p) {
+    Ref r;
+    r.p_ = p;
+    return r;
+  }
+  static Ref borrow(PyObject* p) {
+    Py_XINCREF(p);
+    return steal(p);
+  }
+  Ref(Ref&& other) noexcept : p_(std::exchange(other.p_, nullptr)) {}
+  Ref& operator=(Ref&& other) noexcept {
+    std::swap(p_, other.p_);
+    return *this;
+  }
+  Ref(const Ref&) = delete;
+  Ref& operator=(const Ref&) = delete;
+  ~Ref() { Py_XDECREF(p_); }
+
+  PyObject* ptr() const { return p_; }
+  explicit operator bool() const { return p_ != nullptr; }
+  bool is_none() const { return p_ == Py_None; }
+
+ private:
+  PyObject* p_ = nullptr;
+};
+
+// Reads one attribute, by name, from each object of a batch.
+//
+// PyObject_GetAttr looks the name up on the object's type before its instance dict, for every
+// object; for a batch of one class that repeated type lookup costs as much as the rest of the
+// gather. Where Python would read the instance dict first (the class keeps the default
+// __getattribute__ and has no data descriptor, such as a property, of that name), the reader looks
+// up the class once per batch and then reads each object's dict; a name missing from the dict, and
+// every other class, goes through PyObject_GetAttr, so class defaults, properties and __getattr__
+// behave as in Python. (Reading __dict__ makes CPython build the dict of an object that kept its
+// attributes inline; that happens once per object, as `vars(obj)` does it.)
+class FieldReader {
+ public:
+  explicit FieldReader(PyObject* name) : name_(name) {}
+  ~FieldReader() { Py_XDECREF(type_); }
+  FieldReader(const FieldReader&) = delete;
+  FieldReader& operator=(const FieldReader&) = delete;
+
+  // obj.<name> as a strong reference, or empty (error cleared) when it cannot be read.
+  Ref read(PyObject* obj) {
+    if (Py_TYPE(obj) != type_) classify(Py_TYPE(obj));
+    if (dict_first_) {
+      PyObject* dict = PyObject_GenericGetDict(obj, nullptr);
+      if (dict != nullptr) {
+        PyObject* value = PyDict_GetItemWithError(dict, name_);  // borrowed
+        Ref result = Ref::borrow(value);
+        Py_DECREF(dict);
+        if (value != nullptr) return result;
+      }
+      PyErr_Clear();  // no __dict__, or not in it: the generic lookup decides
+    }
+    PyObject* value = PyObject_GetAttr(obj, name_);
+    if (value == nullptr) PyErr_Clear();
+    return Ref::steal(value);
+  }
+
+ private:
+  void classify(PyTypeObject* type) {
+    Py_INCREF(type);  // held, so that no other type can take its address during the batch
+    Py_XSETREF(type_, type);
+    // _PyType_Lookup walks the MRO without running Python code (pybind11 relies on it too).
+    PyObject* class_attr = _PyType_Lookup(type, name_);  // borrowed
+    dict_first_ = type->tp_getattro == PyObject_GenericGetAttr &&
+                  (class_attr == nullptr || Py_TYPE(class_attr)->tp_descr_set == nullptr);
+  }
+
+  PyObject* name_;
+  PyTypeObject* type_ = nullptr;
+  bool dict_first_ = false;
+};
 
 // A list or tuple: its size and items (borrowed) without copying; false for any other type.
 inline bool as_list_or_tuple(PyObject* obj, Py_ssize_t* size, PyObject*** items) {
@@ -34,9 +109,9 @@ inline bool as_list_or_tuple(PyObject* obj, Py_ssize_t* size, PyObject*** items)
 // Item i of a list or tuple that had n items, as a strong reference, read afresh: a property
 // getter run for an earlier item may have resized or changed the list (a list, not a tuple).
 // Empty when the list no longer has n items.
-inline pybind11::object item_at(PyObject* seq, Py_ssize_t n, Py_ssize_t i) {
-  if (PySequence_Fast_GET_SIZE(seq) != n) return pybind11::object();
-  return pybind11::reinterpret_borrow<pybind11::object>(PySequence_Fast_ITEMS(seq)[i]);
+inline Ref item_at(PyObject* seq, Py_ssize_t n, Py_ssize_t i) {
+  if (PySequence_Fast_GET_SIZE(seq) != n) return Ref();
+  return Ref::borrow(PySequence_Fast_ITEMS(seq)[i]);
 }
 
 // An exact Python int (bool excluded) within int64.

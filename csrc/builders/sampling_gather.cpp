@@ -16,8 +16,8 @@ namespace pinstage::builders {
 namespace {
 
 // A float field: the Python number for the range check, and its float32 as torch.tensor makes it.
-bool real_field(PyObject* params, PyObject* name, double* value, float* stored) {
-  const py::object field = get_field(params, name);
+bool real_field(PyObject* params, FieldReader& reader, double* value, float* stored) {
+  const Ref field = reader.read(params);
   return field && exact_real(field.ptr(), value) && store<float>(field.ptr(), stored);
 }
 
@@ -30,6 +30,8 @@ py::object stage_sampling_batch(py::handle params, bool with_seeds, int64_t top_
   PINSTAGE_ATTR_NAME(kTopK, "top_k");
   PINSTAGE_ATTR_NAME(kMinP, "min_p");
   PINSTAGE_ATTR_NAME(kSeed, "sampling_seed");
+  FieldReader temperature_field(kTemperature), top_p_field(kTopP), top_k_field(kTopK), min_p_field(kMinP),
+      seed_field(kSeed);
 
   Py_ssize_t bs = 0;
   PyObject** items = nullptr;
@@ -43,14 +45,14 @@ py::object stage_sampling_batch(py::handle params, bool with_seeds, int64_t top_
   bool is_all_greedy = true, need_top_p = false, need_top_k = false, need_min_p = false;
   for (Py_ssize_t i = 0; i < bs; ++i) {
     // Held: a property getter below runs Python code, which could drop it from the caller's list.
-    const py::object p_ref = item_at(params.ptr(), bs, i);
+    const Ref p_ref = item_at(params.ptr(), bs, i);
     if (!p_ref) return py::none();
     PyObject* p = p_ref.ptr();
     double temperature = 0, top_p = 0, min_p = 0;
-    if (!real_field(p, kTemperature, &temperature, &temperatures[i]) || !(temperature >= 0)) return py::none();
-    if (!real_field(p, kTopP, &top_p, &top_ps[i]) || !(top_p > 0 && top_p <= 1)) return py::none();
-    if (!real_field(p, kMinP, &min_p, &min_ps[i]) || !(min_p >= 0 && min_p <= 1)) return py::none();
-    const py::object top_k_obj = get_field(p, kTopK);
+    if (!real_field(p, temperature_field, &temperature, &temperatures[i]) || !(temperature >= 0)) return py::none();
+    if (!real_field(p, top_p_field, &top_p, &top_ps[i]) || !(top_p > 0 && top_p <= 1)) return py::none();
+    if (!real_field(p, min_p_field, &min_p, &min_ps[i]) || !(min_p >= 0 && min_p <= 1)) return py::none();
+    const Ref top_k_obj = top_k_field.read(p);
     int64_t top_k = 0;
     if (!top_k_obj || !exact_int(top_k_obj.ptr(), &top_k) || top_k < 1) return py::none();
     if (!store<int32_t>(top_k_obj.ptr(), &top_ks[i])) return py::none();  // beyond int32: torch raises
@@ -59,7 +61,7 @@ py::object stage_sampling_batch(py::handle params, bool with_seeds, int64_t top_
     need_top_k = need_top_k || top_k != top_k_all;
     need_min_p = need_min_p || min_p > 0;
     if (with_seeds) {
-      const py::object seed = get_field(p, kSeed);
+      const Ref seed = seed_field.read(p);
       if (!seed) return py::none();
       if (seed.is_none()) {
         seeds[i] = default_seed;
