@@ -135,6 +135,48 @@ def test_fields_behind_properties_are_read():
     assert [t.tolist() for t in staged] == [[2, 6], [2, 3], [4, 0]]
 
 
+class ClassDefaultRow:
+    """req_pool_idx from the class when the instance has none of its own."""
+
+    req_pool_idx = 3
+
+    def __init__(self, prompt, output):
+        self.origin_input_ids, self.output_ids = prompt, output
+
+
+class SlottedRequest:
+    __slots__ = ("origin_input_ids", "output_ids", "req_pool_idx")
+
+    def __init__(self, prompt, output, row):
+        self.origin_input_ids, self.output_ids, self.req_pool_idx = prompt, output, row
+
+
+class DynamicRequest:
+    """Every field from __getattr__."""
+
+    def __getattr__(self, name):
+        return {"origin_input_ids": [4, 5], "output_ids": [6], "req_pool_idx": 9}[name]
+
+
+def test_every_way_python_finds_a_field_is_followed():
+    with_own_row = ClassDefaultRow([1], [2])
+    with_own_row.req_pool_idx = 8  # the instance's value hides the class default
+    requests = [
+        Request([1, 2], [3], req_pool_idx=1),
+        ClassDefaultRow([10, 11], []),
+        with_own_row,
+        SlottedRequest([7], [], 2),
+        DynamicRequest(),
+        PropertyRequest([12], [13, 14], 5),
+        Request([15], [], req_pool_idx=6),  # the first class again, after five others
+    ]
+    staged = _C._stage_decode_inputs(requests, False, None, "cpu")
+    assert staged is not None
+    expected = reference_tensors(decode_input_items(requests))
+    assert_tensors_equal(staged, expected, "cpu")
+    assert staged[2].tolist() == [1, 3, 8, 2, 9, 5, 6]
+
+
 def test_a_getter_that_empties_the_batch_makes_the_gather_decline():
     requests = []
 
