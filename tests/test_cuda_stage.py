@@ -735,32 +735,34 @@ def test_stats_account_for_calls_and_bytes():
     check_staged([(k, data, torch.int64) for k in kept])
 
 
-def test_ring_wraps_without_overflow_when_the_gpu_keeps_up():
-    # A ring that drains completely starts over at offset 0, so a wrap needs regions still in
-    # flight; the host keeps one group of copies in flight by waiting for the group before it.
-    ring = 16384
-    pinstage.configure(ring_bytes=ring)
+def test_ring_wraps_around_a_region_still_in_flight():
+    """Front regions done, a later one still being copied, and a request that no longer fits
+    behind it: the ring must wrap to its start (not overflow, not overwrite the busy region)."""
+    pinstage.configure(ring_bytes=16384)  # a fresh ring: its next region starts at offset 0
     rng = seeded_rng("wraps")
-    pinstage.stage_to_device([1], torch.int64)
+    idle, sleeping = torch.cuda.Stream(), torch.cuda.Stream()
     torch.cuda.synchronize()
     before = _stats()
+    ring = before["ring_bytes"]
+    assert 16384 <= ring <= 20480, "configure(ring_bytes=16384) gave %d; the sizes below assume ~16 KiB" % ring
     records = []
-    previous = None
-    for _ in range(100):
-        busy(0.1)
-        for _ in range(4):
-            # Uneven sizes: a request must straddle the end of the ring now and then.
-            data = natural_values(torch.int64, rng.randint(20, 60), rng)
-            records.append((pinstage.stage_to_device(data, torch.int64), data, torch.int64))
-        group = torch.cuda.Event()
-        group.record()
-        if previous is not None:
-            previous.synchronize()
-        previous = group
+    for _ in range(10):  # 10 x 1 KiB at the front, copied at once on an idle stream
+        data = natural_values(torch.int64, 128, rng)
+        records.append((pinstage.stage_to_device(data, torch.int64, idle), data, torch.int64))
+    done = busy(100, sleeping)
+    held = natural_values(torch.int64, 256, rng)  # 2 KiB at about 10-12 KiB, held by the sleep
+    records.append((pinstage.stage_to_device(held, torch.int64, sleeping), held, torch.int64))
+    idle.synchronize()
+    # 1 KiB more than the room left behind the held region (which ends at 12 KiB), and no more than
+    # the 10 KiB freed in front of it.
+    tail = natural_values(torch.int64, (ring - 12288 + 1024) // 8, rng)
+    records.append((pinstage.stage_to_device(tail, torch.int64, idle), tail, torch.int64))
     after = _stats()
+    assert_still_busy(done, "the wrapping request was staged")
+    torch.cuda.synchronize()
     check_staged(records)
-    assert after["wraps"] > before["wraps"], "400 requests of 160..480 bytes through a %d-byte ring never wrapped" % ring
-    assert after["overflows"] == before["overflows"], "overflowed with at most two groups of copies in flight"
+    assert after["wraps"] == before["wraps"] + 1, "the ring did not wrap (%d -> %d)" % (before["wraps"], after["wraps"])
+    assert after["overflows"] == before["overflows"], "the ring overflowed although its front was free"
 
 
 def test_no_events_created_in_steady_state():
