@@ -32,7 +32,8 @@ start=$(date +%s)
   done
   for f in tests/test_*.py; do
     echo "=== $f"
-    "$PY" -X faulthandler -m pytest -q -rfEs "$f" 2>&1 | tail -n 40
+    # Whole output: a failure's traceback must survive into the log.
+    "$PY" -X faulthandler -m pytest -q -rfEs --tb=short "$f" 2>&1 | grep -v "^[.sx]* *\[ *[0-9]*%\]$"
     echo "=== $f exit ${PIPESTATUS[0]}"
   done ) > "$OUT/tests.log" 2>&1
 grep -E "^=== .* exit|passed|failed|error" "$OUT/tests.log"

@@ -126,12 +126,13 @@ at::Tensor typed_view(const at::Tensor& buffer, size_t byte_offset, c10::ScalarT
   return at::Tensor(std::move(impl));
 }
 
-// One region holds every item, each at an aligned offset, written by write(i, dst); the device
-// buffer mirrors that layout so that a single copy moves them all, and each result is a view of it.
-// The caller holds a device guard for the target's device and has refused capturing streams.
+// One region holds every item, each at an aligned offset, written by write(i, dst), which returns
+// whether the item took the torch.tensor fallback; the device buffer mirrors that layout so that a
+// single copy moves them all, and each result is a view of it. The caller holds a device guard for
+// the target's device and has refused capturing streams.
 template <class WriteItem>
 std::vector<at::Tensor> stage_in_one_copy(const Target& target, const std::vector<ItemLayout>& layouts,
-                                          WriteItem&& write, const size_t& fallbacks) {
+                                          WriteItem&& write) {
   const c10::cuda::CUDAStream& s = *target.stream;
   std::vector<size_t> offsets(layouts.size());
   size_t total = 0;
@@ -142,13 +143,16 @@ std::vector<at::Tensor> stage_in_one_copy(const Target& target, const std::vecto
   StagingRing& ring = ring_for(target.index);
   std::optional<LeaseGuard> lease;
   if (total > 0) lease.emplace(ring, total);
-  for (size_t i = 0; i < layouts.size(); ++i) write(i, layouts[i].nbytes > 0 ? lease->data() + offsets[i] : nullptr);
+  size_t fallbacks = 0;
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    fallbacks += write(i, layouts[i].nbytes > 0 ? lease->data() + offsets[i] : nullptr) ? 1 : 0;
+  }
   // A single item is allocated with its own dtype and shape: no byte buffer and view to make.
   const bool single = layouts.size() == 1;
   at::Tensor buffer = single ? empty_on_stream(layouts[0].shape, layouts[0].dtype, s)
                              : empty_on_stream({static_cast<int64_t>(total)}, c10::ScalarType::Byte, s);
   if (total > 0) lease->copy_and_commit(buffer.data_ptr(), total, s);
-  count(ring, total, fallbacks);  // read after the writes: they count the fallbacks
+  count(ring, total, fallbacks);
   std::vector<at::Tensor> results;
   if (single) {
     results.push_back(std::move(buffer));
@@ -245,19 +249,17 @@ std::vector<at::Tensor> stage_many(PyObject* items, PyObject* stream, PyObject* 
     return results;
   }
 #ifdef PINSTAGE_WITH_CUDA
-  size_t fallbacks = 0;
   std::vector<ItemLayout> layouts;
   layouts.reserve(plans.size());
   for (const ItemPlan& plan : plans) layouts.push_back({plan.dtype, plan.shape, plan.nbytes});
-  results = stage_in_one_copy(target, layouts, [&](size_t i, uint8_t* dst) {
+  return stage_in_one_copy(target, layouts, [&](size_t i, uint8_t* dst) {
     try {
       write_item(plans[i], dst);
     } catch (py::error_already_set& e) {
       rethrow_for_item(e, i);  // the lease guard gives the region back
     }
-    fallbacks += plans[i].via_fallback ? 1 : 0;
-  }, fallbacks);
-  return results;
+    return plans[i].via_fallback;
+  });
 #else
   TORCH_INTERNAL_ASSERT(false, "unreachable: CUDA target in a CPU-only build");
 #endif
@@ -272,6 +274,7 @@ std::vector<at::Tensor> stage_host_arrays(const std::vector<HostArray>& arrays, 
   }
   const auto copy_bytes = [&](size_t i, uint8_t* dst) {
     if (layouts[i].nbytes > 0) std::memcpy(dst, arrays[i].data, layouts[i].nbytes);
+    return false;  // converted by the caller: never the torch.tensor fallback
   };
   if (!target.cuda) {
     std::vector<at::Tensor> results;
@@ -288,7 +291,7 @@ std::vector<at::Tensor> stage_host_arrays(const std::vector<HostArray>& arrays, 
 #ifdef PINSTAGE_WITH_CUDA
   check_not_capturing(*target.stream, api);
   c10::cuda::CUDAGuard device_guard(target.index);
-  return stage_in_one_copy(target, layouts, copy_bytes, 0);
+  return stage_in_one_copy(target, layouts, copy_bytes);
 #else
   TORCH_INTERNAL_ASSERT(false, "unreachable: CUDA target in a CPU-only build");
 #endif
