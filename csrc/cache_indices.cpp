@@ -161,7 +161,7 @@ void write_cache_indices(
       req_to_token, req_pool_indices, prefix_pointers, prefix_lens, seq_lens, out_cache_offsets, out_cache_loc);
 }
 
-// A Python sequence of ints as int64 values; errors name the field and the request.
+// A tuple of ints (from as_fast_sequence) as int64 values; errors name the field and the request.
 std::vector<int64_t> int64_values(PyObject* fast, const char* field) {
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
   PyObject** items = PySequence_Fast_ITEMS(fast);
@@ -179,8 +179,10 @@ std::vector<int64_t> int64_values(PyObject* fast, const char* field) {
   return values;
 }
 
+// A tuple of the sequence's items, owned: reading an item can run Python code (an int's __index__),
+// which must not be able to resize or free what is still to be read.
 py::object as_fast_sequence(const py::handle& seq, const char* field) {
-  PyObject* fast = PySequence_Fast(seq.ptr(), "");
+  PyObject* fast = PySequence_Tuple(seq.ptr());
   if (fast == nullptr) {
     PyErr_Clear();
     TORCH_CHECK_TYPE(false, kOp, ": ", field, " must be a sequence, got ", Py_TYPE(seq.ptr())->tp_name);

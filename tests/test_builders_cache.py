@@ -177,3 +177,18 @@ def test_compiled_op_checks_tensor_arguments():
         _C.write_cache_indices(table, rows_t, rows_t, prefix_t, seq_t, offsets_t, torch.arange(1))
     with pytest.raises(ValueError, match="seq_lens must be a contiguous 1-D tensor of 1 elements"):
         _C.write_cache_indices(table, rows_t, pointers_t, prefix_t, torch.arange(2), offsets_t, torch.arange(1))
+
+
+def test_an_index_method_that_mutates_the_other_lists_reads_a_snapshot():
+    """Reading an int can run Python code (__index__); the lists it changes were copied first."""
+    prefix_tensors = [torch.tensor([7, 8], dtype=torch.int64)]
+
+    class ClearsThePrefixes:
+        def __index__(self):
+            prefix_tensors.clear()
+            return 0
+
+    table = torch.zeros((1, 4), dtype=torch.int32)
+    out_cache_loc = torch.tensor([9], dtype=torch.int64)
+    write_cache_indices(table, [ClearsThePrefixes()], prefix_tensors, [2], [3], [1], out_cache_loc, backend="pinstage")
+    assert table.tolist() == [[7, 8, 9, 0]]

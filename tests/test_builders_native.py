@@ -190,6 +190,46 @@ def test_a_getter_that_empties_the_batch_makes_the_gather_decline():
     assert _C._stage_decode_inputs(requests, False, None, "cpu") is None
 
 
+def test_list_subclasses_are_declined():
+    """A subclass's __iter__ or __getitem__ may disagree with a direct read of its items."""
+
+    class Reversed(list):
+        def __iter__(self):
+            return reversed(list(self.__getitem__(slice(None))))
+
+    requests = Reversed([Request([1], [], req_pool_idx=0), Request([2], [], req_pool_idx=1)])
+    assert _C._stage_decode_inputs(requests, True, None, "cpu") is None
+    assert build_penalty_last_token_ids(requests, device="cpu").tolist() == [2, 1]
+    tokens = Reversed([5, 6])
+    assert _C._stage_decode_inputs([Request([1], tokens)], True, None, "cpu") is None
+    assert _C._stage_logprob_indices(Reversed([3, 4]), [0, 0], None, "cpu") is None
+
+
+def test_a_class_changed_by_a_getter_is_looked_up_again():
+    """The second request's temperature getter turns top_p into a property. The gather reads
+    request by request, so the first request's top_p came from its dict and the second's must come
+    from the new property; a class lookup kept from the first request would read 0.5 twice."""
+
+    class Changing(SamplingParams):
+        trigger = None
+
+        @property
+        def temperature(self):
+            if self is type(self).trigger:
+                type(self).top_p = property(lambda _: 0.25)
+            return 0.5
+
+        @temperature.setter
+        def temperature(self, value):
+            pass
+
+    params = [Changing(top_p=0.5), Changing(top_p=0.5)]
+    Changing.trigger = params[1]
+    staged = _C._stage_sampling_batch(params, False, TOP_K_ALL, 42, None, "cpu")
+    assert staged is not None
+    assert staged[0][1].tolist() == [0.5, 0.25]
+
+
 DECLINED_REQUESTS = {
     "numpy row": lambda: [Request([1, 2], [3], req_pool_idx=np.int64(5))],
     "bool row": lambda: [Request([1, 2], [3], req_pool_idx=True)],

@@ -14,6 +14,9 @@ namespace pinstage::builders {
 
 py::object stage_logprob_indices(py::handle extend_seq_lens, py::handle extend_logprob_start_lens, py::handle stream,
                                  py::handle device) {
+  // First: it can run Python code (CUDA's lazy initialisation). After it, nothing below runs
+  // Python code (exact ints only), so the borrowed items stay valid.
+  const Target target = resolve_target(stream.ptr(), device.ptr());
   Py_ssize_t bs = 0, n_starts = 0;
   PyObject** len_items = nullptr;
   PyObject** start_items = nullptr;
@@ -21,7 +24,6 @@ py::object stage_logprob_indices(py::handle extend_seq_lens, py::handle extend_l
       !as_list_or_tuple(extend_logprob_start_lens.ptr(), &n_starts, &start_items) || n_starts != bs) {
     return py::none();
   }
-  const Target target = resolve_target(stream.ptr(), device.ptr());
 
   // First pass: read and check every request, and size the two ragged outputs.
   const size_t n = static_cast<size_t>(bs);

@@ -14,8 +14,9 @@
 namespace pinstage::builders {
 
 // An interned attribute name, made once per process (the GIL is held by every caller).
-#define PINSTAGE_ATTR_NAME(var, literal) \
-  static PyObject* const var = PyUnicode_InternFromString(literal)
+#define PINSTAGE_ATTR_NAME(var, literal)                                   \
+  static PyObject* const var = PyUnicode_InternFromString(literal);       \
+  if (var == nullptr) throw pybind11::error_already_set()
 
 // An owned reference for the gather loops, with Python's own inline reference counting
 // (pybind11::object's is an out-of-line call, which a loop of several reads per request notices).
@@ -57,7 +58,9 @@ class Ref {
 // up the class once per batch and then reads each object's dict; a name missing from the dict, and
 // every other class, goes through PyObject_GetAttr, so class defaults, properties and __getattr__
 // behave as in Python. (Reading __dict__ makes CPython build the dict of an object that kept its
-// attributes inline; that happens once per object, as `vars(obj)` does it.)
+// attributes inline; that happens once per object, as `vars(obj)` does it.) Fields are read request
+// by request, where the Python builders read one field across the batch: only getters with side
+// effects on other requests could tell the difference.
 class FieldReader {
  public:
   explicit FieldReader(PyObject* name) : name_(name) {}
@@ -67,7 +70,10 @@ class FieldReader {
 
   // obj.<name> as a strong reference, or empty (error cleared) when it cannot be read.
   Ref read(PyObject* obj) {
-    if (Py_TYPE(obj) != type_) classify(Py_TYPE(obj));
+    PyTypeObject* type = Py_TYPE(obj);
+    // A class changed by a getter (a property added, say) gets a new version tag: look again. A
+    // tag of 0 means CPython gave the class none, so it is looked up on every read.
+    if (type != type_ || type->tp_version_tag != version_tag_ || version_tag_ == 0) classify(type);
     if (dict_first_) {
       PyObject* dict = PyObject_GenericGetDict(obj, nullptr);
       if (dict != nullptr) {
@@ -88,19 +94,22 @@ class FieldReader {
     Py_INCREF(type);  // held, so that no other type can take its address during the batch
     Py_XSETREF(type_, type);
     // _PyType_Lookup walks the MRO without running Python code (pybind11 relies on it too).
-    PyObject* class_attr = _PyType_Lookup(type, name_);  // borrowed
+    PyObject* class_attr = _PyType_Lookup(type, name_);  // borrowed; gives the class a version tag
+    version_tag_ = type->tp_version_tag;
     dict_first_ = type->tp_getattro == PyObject_GenericGetAttr &&
                   (class_attr == nullptr || Py_TYPE(class_attr)->tp_descr_set == nullptr);
   }
 
   PyObject* name_;
   PyTypeObject* type_ = nullptr;
+  unsigned int version_tag_ = 0;
   bool dict_first_ = false;
 };
 
-// A list or tuple: its size and items (borrowed) without copying; false for any other type.
+// An exact list or tuple: its size and items (borrowed) without copying; false for any other type,
+// subclasses included (their __iter__, __len__ or __getitem__ may not be what a direct read sees).
 inline bool as_list_or_tuple(PyObject* obj, Py_ssize_t* size, PyObject*** items) {
-  if (!PyList_Check(obj) && !PyTuple_Check(obj)) return false;
+  if (!PyList_CheckExact(obj) && !PyTuple_CheckExact(obj)) return false;
   *size = PySequence_Fast_GET_SIZE(obj);
   *items = PySequence_Fast_ITEMS(obj);
   return true;

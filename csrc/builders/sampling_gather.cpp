@@ -33,10 +33,11 @@ py::object stage_sampling_batch(py::handle params, bool with_seeds, int64_t top_
   FieldReader temperature_field(kTemperature), top_p_field(kTopP), top_k_field(kTopK), min_p_field(kMinP),
       seed_field(kSeed);
 
-  Py_ssize_t bs = 0;
-  PyObject** items = nullptr;
-  if (!as_list_or_tuple(params.ptr(), &bs, &items)) return py::none();
+  // First: it can run Python code (CUDA's lazy initialisation), and nothing is read yet.
   const Target target = resolve_target(stream.ptr(), device.ptr());
+  Py_ssize_t bs = 0;
+  PyObject** unused = nullptr;  // params are read one by one, afresh (item_at)
+  if (!as_list_or_tuple(params.ptr(), &bs, &unused)) return py::none();
 
   const size_t n = static_cast<size_t>(bs);
   std::vector<float> temperatures(n), top_ps(n), min_ps(n);

@@ -29,6 +29,9 @@ def write_cache_indices(
     host does not wait; the prefix tensors must stay alive until that stream has run the kernel.
     """
     check_backend(backend)
+    # Held for the whole call: the kernel reads the prefixes through raw pointers, and reading the
+    # int lists can run Python code (an __index__) that might drop the caller's only reference.
+    prefix_tensors = tuple(prefix_tensors)
     if backend == "pinstage":
         # Validated and staged in one step: the request fields and the plan go from C++ vectors
         # into one ring region and one copy, without Python lists in between.
