@@ -409,7 +409,6 @@ CPU_MANY_METHODS = ["stage_many", "pinstage_x10", "torch_tensor_x10"]
 
 
 def run_cpu(pinstage, settings, sizes, report):
-    report["meta"]["warm_up_s"] = warm_up(pinstage, dev, persistent)
     cells = report["single"]
     for dname, dtype in SINGLE_DTYPES.items():
         np_dtype = NUMPY_DTYPES[dtype]
