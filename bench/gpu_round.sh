@@ -2,6 +2,7 @@
 # One GPU round on a machine with a CUDA GPU: environment, build, every test (CUDA included), the
 # microbenchmark and the builders benchmark, with logs and JSON under $OUT (default bench/out/gpu).
 # Usage: OUT=/some/dir GIT_REV=<commit> bash bench/gpu_round.sh
+# GIT_REV: take it where the commit was made; a copied working tree can carry stale git metadata.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-bench/out/gpu}"
