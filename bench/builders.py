@@ -20,7 +20,6 @@ import platform
 import random
 import statistics
 import sys
-import time
 
 import torch
 
@@ -40,8 +39,10 @@ from pinstage.builders._backend import stage  # noqa: E402
 from pinstage.builders.cache import stage_cache_index_plan_lists  # noqa: E402
 from pinstage.builders.decode import decode_input_items, last_token_ids  # noqa: E402
 from pinstage.builders.logits import logprob_index_values  # noqa: E402
-from pinstage.builders.sampling import sampling_items  # noqa: E402
+from pinstage.builders.sampling import stage_sampling_items  # noqa: E402
 from pinstage import _C  # noqa: E402
+
+import _timing  # noqa: E402  (bench/, on sys.path as the script's folder)
 
 
 def decode_requests(rng, bs):
@@ -99,11 +100,6 @@ def builder_calls(rng, bs, device):
         rows, prefixes, lengths, offsets, pointers = stage_cache_index_plan_lists(*cache_args, "pinstage", None)
         _C.write_cache_indices(cache_args[0], rows, pointers, prefixes, lengths, offsets, cache_args[-1], None)
 
-    def sampling_with_python_gather():
-        items, flags = sampling_items(params, True)
-        tensors = stage(items, "pinstage", None, device)
-        return tensors[0].view(-1, 1), flags
-
     return {
         "decode_inputs": (
             lambda b: build_decode_inputs(requests, backend=b, device=device),
@@ -115,7 +111,7 @@ def builder_calls(rng, bs, device):
         ),
         "sampling": (
             lambda b: build_sampling_batch(params, enable_deterministic_sampling=True, backend=b, device=device),
-            sampling_with_python_gather,
+            lambda: stage_sampling_items(params, True, "pinstage", None, device),
         ),
         "logits": (
             lambda b: build_logprob_indices(lens, starts, backend=b, device=device),
@@ -132,17 +128,11 @@ def median_call_us(calls, repeats, sample_ms):
     for name, call in calls.items():
         for _ in range(3):
             call()
-        start = time.perf_counter_ns()
-        call()
-        loops[name] = max(1, int(sample_ms * 1e6 / max(time.perf_counter_ns() - start, 1)))
+        loops[name] = _timing.calls_for_duration(_timing.estimate_call_ns(call, 100_000), sample_ms * 1e6)
     samples = {name: [] for name in calls}
     for _ in range(repeats):
         for name, call in calls.items():
-            n = loops[name]
-            start = time.perf_counter_ns()
-            for _ in range(n):
-                call()
-            samples[name].append((time.perf_counter_ns() - start) / n / 1e3)
+            samples[name].append(_timing.loop_ns(call, loops[name]) / loops[name] / 1e3)
     return {name: statistics.median(s) for name, s in samples.items()}
 
 

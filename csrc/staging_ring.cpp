@@ -47,11 +47,7 @@ void StagingRing::release_completed_locked() {
   auto recycle = [this](StreamFence* f) { fences_.release(f); };
   slab_->ring.release_completed(is_done, recycle);
   reclaim_at_ = slab_->ring.pending_regions() + kReclaimEvery;
-  for (size_t i = 0; i < retired_.size();) {
-    Slab& s = *retired_[i];
-    s.ring.release_completed(is_done, recycle);
-    ++i;
-  }
+  for (auto& retired : retired_) retired->ring.release_completed(is_done, recycle);
 }
 
 void StagingRing::free_drained_slabs_locked() {

@@ -23,6 +23,13 @@
 
 namespace pinstage {
 
+// Whether `stream` is capturing a CUDA graph (a non-blocking query).
+inline bool stream_is_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
 struct StreamFence {
   cudaStream_t stream = nullptr;
   cudaEvent_t event = nullptr;  // null while open (not yet recorded)
@@ -68,7 +75,7 @@ class StreamFences {
   // stream is capturing a graph (a record there would become a graph node, not a real event).
   bool done(StreamFence* f) {
     if (f->event == nullptr) {
-      if (capturing(f->stream)) return false;
+      if (stream_is_capturing(f->stream)) return false;
       record(f);
     }
     return event_done(f->event);
@@ -78,7 +85,7 @@ class StreamFences {
   // an open fence's stream is capturing (the record would become a graph node).
   cudaEvent_t event_to_wait_on(StreamFence* f) {
     if (f->event == nullptr) {
-      if (capturing(f->stream)) return nullptr;
+      if (stream_is_capturing(f->stream)) return nullptr;
       record(f);
     }
     return f->event;
@@ -94,12 +101,6 @@ class StreamFences {
   }
 
  private:
-  static bool capturing(cudaStream_t stream) {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-    return status != cudaStreamCaptureStatusNone;
-  }
-
   void record(StreamFence* f) {
     cudaEvent_t e = events_.acquire();
     C10_CUDA_CHECK(cudaEventRecord(e, f->stream));

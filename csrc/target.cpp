@@ -5,6 +5,8 @@
 #ifdef PINSTAGE_WITH_CUDA
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
+
+#include "stream_fence.h"
 #endif
 
 #include <atomic>
@@ -98,9 +100,7 @@ Target resolve_target(PyObject* stream, PyObject* device) {
 
 #ifdef PINSTAGE_WITH_CUDA
 void check_not_capturing(const c10::cuda::CUDAStream& stream, const char* api) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(stream.stream(), &status));
-  TORCH_CHECK(status == cudaStreamCaptureStatusNone, "pinstage.", api,
+  TORCH_CHECK(!stream_is_capturing(stream.stream()), "pinstage.", api,
               ": the stream is capturing a CUDA graph. A captured copy would read staging memory that is "
               "reused before the graph replays; stage_into(data, static_input) before graph.replay() is the "
               "supported pattern");

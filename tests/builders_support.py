@@ -4,7 +4,7 @@ import time
 import pytest
 import torch
 
-from pinstage.builders import BACKENDS
+from pinstage.builders import BACKENDS, Request
 
 HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device (torch.cuda.is_available() is False)")
@@ -14,6 +14,18 @@ BATCH_SIZES = [0, 1, 37, 4096]
 # About 25 ms of device time on an H200 (~1980 cycles per microsecond): far longer than any builder
 # call, so a builder that waited for the stream would take at least this long on the host.
 BUSY_CYCLES = 50_000_000
+
+
+def random_requests(rng, bs):
+    """bs decode requests: prompts of 1-6 tokens, 0-3 output tokens (often none), random rows."""
+    return [
+        Request(
+            [rng.randrange(1 << 17) for _ in range(rng.randint(1, 6))],
+            [rng.randrange(1 << 17) for _ in range(rng.choice([0, 0, 1, 3]))],
+            req_pool_idx=rng.randrange(8192),
+        )
+        for _ in range(bs)
+    ]
 
 
 def assert_same_tensor(actual, expected, name=""):

@@ -2,19 +2,10 @@ import pytest
 import torch
 from builders_support import (
     BATCH_SIZES, DEVICES, assert_fields_equal, assert_same_tensor, busy_host_limit_s, needs_cuda,
-    results_by_backend, run_while_stream_busy,
+    random_requests, results_by_backend, run_while_stream_busy,
 )
 
 from pinstage.builders import Request, build_decode_inputs, build_penalty_last_token_ids
-
-
-def random_requests(rng, bs):
-    requests = []
-    for i in range(bs):
-        prompt = [rng.randrange(1 << 17) for _ in range(rng.randint(1, 6))]
-        output = [rng.randrange(1 << 17) for _ in range(rng.choice([0, 0, 1, 3]))]
-        requests.append(Request(prompt, output, req_pool_idx=rng.randrange(8192)))
-    return requests
 
 
 def expected_last_tokens(requests):

@@ -4,7 +4,9 @@ does, and on the GPU one copy each, never reading ring memory that is reused, re
 import numpy as np
 import pytest
 import torch
-from builders_support import BATCH_SIZES, DEVICES, assert_fields_equal, assert_same_tensor, needs_cuda
+from builders_support import (
+    BATCH_SIZES, DEVICES, assert_fields_equal, assert_same_tensor, needs_cuda, random_requests,
+)
 
 import pinstage
 from pinstage import _C
@@ -15,17 +17,6 @@ from pinstage.builders import (
 from pinstage.builders.decode import decode_input_items
 from pinstage.builders.logits import logprob_index_values
 from pinstage.builders.sampling import sampling_items
-
-
-def random_requests(rng, bs):
-    return [
-        Request(
-            [rng.randrange(1 << 17) for _ in range(rng.randint(1, 6))],
-            [rng.randrange(1 << 17) for _ in range(rng.choice([0, 0, 1, 3]))],
-            req_pool_idx=rng.randrange(8192),
-        )
-        for _ in range(bs)
-    ]
 
 
 def random_params(rng, bs):

@@ -22,8 +22,7 @@ py::object stage_decode_inputs(py::handle requests, bool last_tokens_only, py::h
   // First: it can run Python code (CUDA's lazy initialisation), and nothing is read yet.
   const Target target = resolve_target(stream.ptr(), device.ptr());
   Py_ssize_t bs = 0;
-  PyObject** unused = nullptr;  // requests are read one by one, afresh (item_at)
-  if (!as_list_or_tuple(requests.ptr(), &bs, &unused)) return py::none();
+  if (!as_list_or_tuple(requests.ptr(), &bs)) return py::none();  // items: read one by one, afresh (item_at)
 
   std::vector<int64_t> last_ids(static_cast<size_t>(bs));
   std::vector<int64_t> seq_lens(last_tokens_only ? 0 : static_cast<size_t>(bs));

@@ -108,10 +108,10 @@ class FieldReader {
 
 // An exact list or tuple: its size and items (borrowed) without copying; false for any other type,
 // subclasses included (their __iter__, __len__ or __getitem__ may not be what a direct read sees).
-inline bool as_list_or_tuple(PyObject* obj, Py_ssize_t* size, PyObject*** items) {
+inline bool as_list_or_tuple(PyObject* obj, Py_ssize_t* size, PyObject*** items = nullptr) {
   if (!PyList_CheckExact(obj) && !PyTuple_CheckExact(obj)) return false;
   *size = PySequence_Fast_GET_SIZE(obj);
-  *items = PySequence_Fast_ITEMS(obj);
+  if (items != nullptr) *items = PySequence_Fast_ITEMS(obj);
   return true;
 }
 

@@ -36,8 +36,7 @@ py::object stage_sampling_batch(py::handle params, bool with_seeds, int64_t top_
   // First: it can run Python code (CUDA's lazy initialisation), and nothing is read yet.
   const Target target = resolve_target(stream.ptr(), device.ptr());
   Py_ssize_t bs = 0;
-  PyObject** unused = nullptr;  // params are read one by one, afresh (item_at)
-  if (!as_list_or_tuple(params.ptr(), &bs, &unused)) return py::none();
+  if (!as_list_or_tuple(params.ptr(), &bs)) return py::none();  // items: read one by one, afresh (item_at)
 
   const size_t n = static_cast<size_t>(bs);
   std::vector<float> temperatures(n), top_ps(n), min_ps(n);

@@ -57,6 +57,14 @@ def sampling_items(params, enable_deterministic_sampling=False):
     return items, flags
 
 
+def stage_sampling_items(params, enable_deterministic_sampling, backend, stream=None, device=None):
+    """The Python gather staged by `backend`: (tensors with temperatures as [bs, 1], flags)."""
+    items, flags = sampling_items(params, enable_deterministic_sampling)
+    tensors = stage(items, backend, stream, device)
+    tensors[0] = tensors[0].view(-1, 1)
+    return tensors, flags
+
+
 def build_sampling_batch(
     params, *, enable_deterministic_sampling=False, backend="pinstage", stream=None, device=None
 ):
@@ -77,9 +85,7 @@ def build_sampling_batch(
     if staged is not None:
         tensors, *flags = staged
     else:
-        items, flags = sampling_items(params, enable_deterministic_sampling)
-        tensors = stage(items, backend, stream, device)
-        tensors[0] = tensors[0].view(-1, 1)
+        tensors, flags = stage_sampling_items(params, enable_deterministic_sampling, backend, stream, device)
     is_all_greedy, need_top_p, need_top_k, need_min_p = flags
     return SamplingBatch(
         temperatures=tensors[0],
