@@ -29,13 +29,28 @@ inline bool int_fits(long long v) {
   }
 }
 
+// The value of an exact int, false when it is beyond int64. CPython 3.12+ stores ints below 2^30 in
+// magnitude ("compact") in one digit and says so through its unstable API: reading that digit in
+// line costs a few instructions where the general conversion is a call of a few dozen, and token
+// ids, lengths and row numbers are all compact.
+inline bool exact_int_value(PyObject* o, long long* v) {
+#if PY_VERSION_HEX >= 0x030C0000
+  if (PyUnstable_Long_IsCompact(reinterpret_cast<PyLongObject*>(o))) {
+    *v = static_cast<long long>(PyUnstable_Long_CompactValue(reinterpret_cast<PyLongObject*>(o)));
+    return true;
+  }
+#endif
+  int overflow = 0;
+  *v = PyLong_AsLongLongAndOverflow(o, &overflow);
+  return overflow == 0;
+}
+
 template <class T>
 inline bool store_integral(PyObject* o, T* out) {
   using Limits = std::numeric_limits<T>;
   if (PyLong_CheckExact(o)) {
-    int overflow = 0;
-    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
-    if (overflow != 0 || !int_fits<T>(v)) return false;  // beyond int64 or T: torch decides
+    long long v = 0;
+    if (!exact_int_value(o, &v) || !int_fits<T>(v)) return false;  // beyond int64 or T: torch decides
     *out = static_cast<T>(v);
     return true;
   }

@@ -24,12 +24,31 @@ bool cuda_available() {
 #endif
 }
 
+namespace {
+
+// Engines pass the same device string every step ("cuda", "cuda:0"), and c10's parser costs a few
+// hundred ns of a call that is a few microseconds in all, so the last string parsed is remembered.
+// It is held, so that no other string can take its address, and a str's text never changes, so
+// the same object means the same device. Callers hold the GIL, which serialises this.
+c10::Device parse_device_string(PyObject* text) {
+  static PyObject* last_text = nullptr;
+  static c10::Device last_device(c10::kCPU);
+  if (text == last_text) return last_device;
+  const c10::Device d(py::reinterpret_borrow<py::str>(text).cast<std::string>());  // throws if invalid
+  Py_INCREF(text);
+  Py_XSETREF(last_text, text);
+  last_device = d;
+  return d;
+}
+
+}  // namespace
+
 std::optional<c10::DeviceIndex> parse_cuda_device(PyObject* device, bool* is_cpu) {
   c10::Device d(c10::kCPU);
   if (THPDevice_Check(device)) {
     d = reinterpret_cast<THPDevice*>(device)->device;
   } else if (PyUnicode_Check(device)) {
-    d = c10::Device(py::reinterpret_borrow<py::str>(device).cast<std::string>());
+    d = parse_device_string(device);
   } else if (PyLong_Check(device) && !PyBool_Check(device)) {
     const long idx = PyLong_AsLong(device);
     TORCH_CHECK_VALUE(idx >= 0 && !PyErr_Occurred(), "pinstage: device index must be a non-negative int");

@@ -14,7 +14,7 @@ from pinstage.builders import (
     DEFAULT_SAMPLING_SEED, TOP_K_ALL, Request, SamplingParams, build_decode_inputs, build_logprob_indices,
     build_penalty_last_token_ids, build_sampling_batch,
 )
-from pinstage.builders.decode import decode_input_items
+from pinstage.builders.decode import decode_input_items, last_token_ids
 from pinstage.builders.logits import logprob_index_values
 from pinstage.builders.sampling import sampling_items
 
@@ -59,13 +59,14 @@ def finish(device):
 @pytest.mark.parametrize("bs", BATCH_SIZES)
 def test_decode_gather_equals_python_gather(rng, device, bs):
     requests = random_requests(rng, bs)
-    staged = _C._stage_decode_inputs(requests, False, None, device)
-    last_only = _C._stage_decode_inputs(requests, True, None, device)
+    staged = _C._stage_decode_inputs(requests, None, device)
+    last_only = _C._stage_last_token_ids(requests, None, device)
     assert staged is not None and last_only is not None, "plain requests must take the native gather"
     finish(device)
     expected = reference_tensors(decode_input_items(requests))
     assert_tensors_equal(staged, expected, device)
-    assert_tensors_equal(last_only, expected[:1], device)
+    assert isinstance(last_only, torch.Tensor)
+    assert_tensors_equal([last_only], expected[:1], device)
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
@@ -122,7 +123,7 @@ class PropertyRequest:
 
 def test_fields_behind_properties_are_read():
     requests = [PropertyRequest([1, 2], [], 4), PropertyRequest((3,), (5, 6), 0)]
-    staged = _C._stage_decode_inputs(requests, False, None, "cpu")
+    staged = _C._stage_decode_inputs(requests, None, "cpu")
     assert [t.tolist() for t in staged] == [[2, 6], [2, 3], [4, 0]]
 
 
@@ -161,11 +162,48 @@ def test_every_way_python_finds_a_field_is_followed():
         PropertyRequest([12], [13, 14], 5),
         Request([15], [], req_pool_idx=6),  # the first class again, after five others
     ]
-    staged = _C._stage_decode_inputs(requests, False, None, "cpu")
+    staged = _C._stage_decode_inputs(requests, None, "cpu")
     assert staged is not None
     expected = reference_tensors(decode_input_items(requests))
     assert_tensors_equal(staged, expected, "cpu")
     assert staged[2].tolist() == [1, 3, 8, 2, 9, 5, 6]
+
+
+@pytest.mark.parametrize("odd_one_at", [0, 7, 8, 12, 19])
+def test_last_token_ids_with_a_field_outside_the_instance_dict(odd_one_at):
+    """The penalty gather reads plain requests in groups without running getters; one request whose
+    field needs Python code (a property, a class default, __getattr__) anywhere in the batch sends the
+    whole batch through the request-at-a-time pass, with the same result as Python."""
+    for odd in (PropertyRequest([12], [13, 14], 5), PropertyRequest([15], [], 0), ClassDefaultRow([10, 11], []),
+                DynamicRequest()):
+        requests = [Request([i, i + 100], [i + 200] * (i % 3), req_pool_idx=i) for i in range(20)]
+        requests[odd_one_at] = odd
+        staged = _C._stage_last_token_ids(requests, None, "cpu")
+        assert staged is not None
+        assert staged.tolist() == last_token_ids(requests)
+
+
+def test_last_token_ids_getters_run_in_python_order():
+    """Getters that see each other's effects: the native gather calls them in the order Python does."""
+    calls = []
+
+    class Logged(PropertyRequest):
+        @property
+        def output_ids(self):
+            calls.append(("output", self._row))
+            return self._output
+
+        @property
+        def origin_input_ids(self):
+            calls.append(("prompt", self._row))
+            return self._prompt
+
+    requests = [Logged([1, 2], [] if i % 2 else [3], i) for i in range(11)]
+    staged = _C._stage_last_token_ids(requests, None, "cpu")
+    native_calls, calls[:] = list(calls), []
+    assert staged.tolist() == last_token_ids(requests)
+    assert native_calls == calls
+    assert ("prompt", 1) in calls and ("prompt", 0) not in calls
 
 
 def test_a_getter_that_empties_the_batch_makes_the_gather_decline():
@@ -178,7 +216,7 @@ def test_a_getter_that_empties_the_batch_makes_the_gather_decline():
             return [7]
 
     requests.extend([Shrinking([1], [], 0), Shrinking([2], [], 1)])
-    assert _C._stage_decode_inputs(requests, False, None, "cpu") is None
+    assert _C._stage_decode_inputs(requests, None, "cpu") is None
 
 
 def test_list_subclasses_are_declined():
@@ -189,10 +227,10 @@ def test_list_subclasses_are_declined():
             return reversed(list(self.__getitem__(slice(None))))
 
     requests = Reversed([Request([1], [], req_pool_idx=0), Request([2], [], req_pool_idx=1)])
-    assert _C._stage_decode_inputs(requests, True, None, "cpu") is None
+    assert _C._stage_last_token_ids(requests, None, "cpu") is None
     assert build_penalty_last_token_ids(requests, device="cpu").tolist() == [2, 1]
     tokens = Reversed([5, 6])
-    assert _C._stage_decode_inputs([Request([1], tokens)], True, None, "cpu") is None
+    assert _C._stage_last_token_ids([Request([1], tokens)], None, "cpu") is None
     assert _C._stage_logprob_indices(Reversed([3, 4]), [0, 0], None, "cpu") is None
 
 
@@ -232,7 +270,7 @@ DECLINED_REQUESTS = {
 @pytest.mark.parametrize("device", DEVICES)
 def test_declined_requests_still_stage_what_python_gives(case, device):
     requests = DECLINED_REQUESTS[case]()
-    assert _C._stage_decode_inputs(requests, False, None, device) is None
+    assert _C._stage_decode_inputs(requests, None, device) is None
     got = build_decode_inputs(requests, device=device)
     want = build_decode_inputs(requests, backend="blocking", device=device)
     assert_fields_equal(got, want)
@@ -291,8 +329,8 @@ def test_numpy_lengths_still_stage_what_python_gives():
 # On the GPU
 
 NATIVE_CALLS = {
-    "decode": lambda rng: _C._stage_decode_inputs(random_requests(rng, 64), False, None, None),
-    "penalty": lambda rng: _C._stage_decode_inputs(random_requests(rng, 64), True, None, None),
+    "decode": lambda rng: _C._stage_decode_inputs(random_requests(rng, 64), None, None),
+    "penalty": lambda rng: [_C._stage_last_token_ids(random_requests(rng, 64), None, None)],
     # (tensors, flags...): the tensors
     "sampling": lambda rng: _C._stage_sampling_batch(random_params(rng, 64), True, TOP_K_ALL, 42, None, None)[0],
     "logits": lambda rng: _C._stage_logprob_indices(*random_logprob_batch(rng, 64), None, None),

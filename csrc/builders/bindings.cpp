@@ -1,17 +1,71 @@
 // The native builders' private entry points; pinstage/builders calls them for backend="pinstage".
+//
+// Plain METH_FASTCALL functions with positional arguments only: the builders call them every step,
+// and pybind11's generic dispatch cost as much as gathering a few dozen requests.
 #include "native_builders.h"
+
+#include "../fastcall.h"
 
 namespace py = pybind11;
 
 namespace pinstage::builders {
+namespace {
+
+bool truth(PyObject* obj) {
+  const int t = PyObject_IsTrue(obj);
+  if (t < 0) throw py::error_already_set();
+  return t == 1;
+}
+
+int64_t as_int64(PyObject* obj) {
+  const long long v = PyLong_AsLongLong(obj);
+  if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+  return v;
+}
+
+py::object last_token_ids(PyObject* const* a) { return stage_last_token_ids(a[0], a[1], a[2]); }
+py::object decode_inputs(PyObject* const* a) { return stage_decode_inputs(a[0], a[1], a[2]); }
+py::object sampling_batch(PyObject* const* a) {
+  return stage_sampling_batch(a[0], truth(a[1]), as_int64(a[2]), as_int64(a[3]), a[4], a[5]);
+}
+py::object logprob_indices(PyObject* const* a) { return stage_logprob_indices(a[0], a[1], a[2], a[3]); }
+
+// `Body` with exactly `N` positional arguments, its C++ exceptions set as Python errors.
+template <py::object (*Body)(PyObject* const*), Py_ssize_t N>
+PyObject* entry(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != N) {
+    PyErr_Format(PyExc_TypeError, "pinstage._C builder entry point takes %zd positional arguments (%zd given)", N,
+                 nargs);
+    return nullptr;
+  }
+  try {
+    return Body(args).release().ptr();
+  } catch (...) {
+    set_python_error(std::current_exception());
+    return nullptr;
+  }
+}
+
+template <py::object (*Body)(PyObject* const*), Py_ssize_t N>
+PyCFunction as_cfunction() {
+  return reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&entry<Body, N>));
+}
+
+PyMethodDef kBuilderMethods[] = {
+    {"_stage_last_token_ids", as_cfunction<last_token_ids, 3>(), METH_FASTCALL,
+     "_stage_last_token_ids(requests, stream, device) -> Tensor | None"},
+    {"_stage_decode_inputs", as_cfunction<decode_inputs, 3>(), METH_FASTCALL,
+     "_stage_decode_inputs(requests, stream, device) -> [input_ids, seq_lens, req_pool_indices] | None"},
+    {"_stage_sampling_batch", as_cfunction<sampling_batch, 6>(), METH_FASTCALL,
+     "_stage_sampling_batch(params, with_seeds, top_k_all, default_seed, stream, device) -> tuple | None"},
+    {"_stage_logprob_indices", as_cfunction<logprob_indices, 4>(), METH_FASTCALL,
+     "_stage_logprob_indices(extend_seq_lens, extend_logprob_start_lens, stream, device) -> list | None"},
+    {nullptr, nullptr, 0, nullptr}};
+
+}  // namespace
 
 void bind_native_builders(py::module_& m) {
-  m.def("_stage_decode_inputs", &stage_decode_inputs, py::arg("requests"), py::arg("last_tokens_only"),
-        py::arg("stream"), py::arg("device"));
-  m.def("_stage_sampling_batch", &stage_sampling_batch, py::arg("params"), py::arg("with_seeds"),
-        py::arg("top_k_all"), py::arg("default_seed"), py::arg("stream"), py::arg("device"));
-  m.def("_stage_logprob_indices", &stage_logprob_indices, py::arg("extend_seq_lens"),
-        py::arg("extend_logprob_start_lens"), py::arg("stream"), py::arg("device"));
+  if (PyModule_AddFunctions(m.ptr(), kBuilderMethods) != 0) throw py::error_already_set();
 }
 
 }  // namespace pinstage::builders

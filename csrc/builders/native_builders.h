@@ -8,10 +8,13 @@
 
 namespace pinstage::builders {
 
-// [input_ids] or [input_ids, seq_lens, req_pool_indices], int64 [bs] each, from requests with
-// origin_input_ids and output_ids (lists or tuples of ints) and req_pool_idx (an int >= 0).
-pybind11::object stage_decode_inputs(pybind11::handle requests, bool last_tokens_only, pybind11::handle stream,
-                                     pybind11::handle device);
+// input_ids, int64 [bs]: each request's last output token, or its last prompt token before it has
+// any output, from requests with origin_input_ids and output_ids (lists or tuples of ints).
+pybind11::object stage_last_token_ids(pybind11::handle requests, pybind11::handle stream, pybind11::handle device);
+
+// [input_ids, seq_lens, req_pool_indices], int64 [bs] each, from requests that also have
+// req_pool_idx (an int >= 0).
+pybind11::object stage_decode_inputs(pybind11::handle requests, pybind11::handle stream, pybind11::handle device);
 
 // ([temperatures [bs,1], top_ps, top_ks, min_ps(, seeds)], is_all_greedy, need_top_p, need_top_k,
 // need_min_p) from objects with temperature, top_p, top_k, min_p and sampling_seed.
@@ -22,7 +25,7 @@ pybind11::object stage_sampling_batch(pybind11::handle params, bool with_seeds, 
 pybind11::object stage_logprob_indices(pybind11::handle extend_seq_lens, pybind11::handle extend_logprob_start_lens,
                                        pybind11::handle stream, pybind11::handle device);
 
-// Adds the gathers above to the extension module as private functions (_stage_*).
+// Adds the gathers above to the extension module as private functions (_stage_*), positional only.
 void bind_native_builders(pybind11::module_& m);
 
 }  // namespace pinstage::builders

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <utility>
 
+#include "../scalar_store.h"
+
 namespace pinstage::builders {
 
 // An interned attribute name, made once per process (the GIL is held by every caller).
@@ -39,7 +41,7 @@ class Ref {
   }
   Ref(const Ref&) = delete;
   Ref& operator=(const Ref&) = delete;
-  ~Ref() { Py_XDECREF(p_); }
+  C10_ALWAYS_INLINE ~Ref() { Py_XDECREF(p_); }
 
   PyObject* ptr() const { return p_; }
   explicit operator bool() const { return p_ != nullptr; }
@@ -58,9 +60,10 @@ class Ref {
 // up the class once per batch and then reads each object's dict; a name missing from the dict, and
 // every other class, goes through PyObject_GetAttr, so class defaults, properties and __getattr__
 // behave as in Python. (Reading __dict__ makes CPython build the dict of an object that kept its
-// attributes inline; that happens once per object, as `vars(obj)` does it.) Fields are read request
-// by request, where the Python builders read one field across the batch: only getters with side
-// effects on other requests could tell the difference.
+// attributes inline; that happens once per object, as `vars(obj)` does it.) peek() is the dict read
+// alone, for gathers that must know no getter ran. Fields are read request by request, where the
+// Python builders read one field across the batch: only getters with side effects on other
+// requests could tell the difference.
 class FieldReader {
  public:
   explicit FieldReader(PyObject* name) : name_(name) {}
@@ -68,29 +71,45 @@ class FieldReader {
   FieldReader(const FieldReader&) = delete;
   FieldReader& operator=(const FieldReader&) = delete;
 
-  // obj.<name> as a strong reference, or empty (error cleared) when it cannot be read.
-  Ref read(PyObject* obj) {
+  // obj.<name> from the object's instance dict, borrowed, or null (no error set) when the generic
+  // lookup must decide: a property or other data descriptor, __getattr__, a class default, no
+  // __dict__. Runs no Python code (short of a non-str dict key whose __eq__ is Python, which no
+  // attribute assignment makes), so the value stays valid until Python code runs. Inlined into the
+  // gathers' loops: it runs once per field per request.
+  C10_ALWAYS_INLINE PyObject* peek(PyObject* obj) {
     PyTypeObject* type = Py_TYPE(obj);
     // A class changed by a getter (a property added, say) gets a new version tag: look again. A
     // tag of 0 means CPython gave the class none, so it is looked up on every read.
-    if (type != type_ || type->tp_version_tag != version_tag_ || version_tag_ == 0) classify(type);
-    if (dict_first_) {
-      PyObject* dict = PyObject_GenericGetDict(obj, nullptr);
-      if (dict != nullptr) {
-        PyObject* value = PyDict_GetItemWithError(dict, name_);  // borrowed
-        Ref result = Ref::borrow(value);
-        Py_DECREF(dict);
-        if (value != nullptr) return result;
-      }
-      PyErr_Clear();  // no __dict__, or not in it: the generic lookup decides
+    if (C10_UNLIKELY(type != type_ || type->tp_version_tag != version_tag_ || version_tag_ == 0)) classify(type);
+    if (C10_UNLIKELY(!dict_first_)) return nullptr;
+    PyObject* dict = PyObject_GenericGetDict(obj, nullptr);
+    if (C10_UNLIKELY(dict == nullptr)) {
+      PyErr_Clear();
+      return nullptr;
     }
+    PyObject* value = PyDict_GetItemWithError(dict, name_);  // borrowed: the dict holds it
+    Py_DECREF(dict);  // the object holds the dict
+    if (C10_UNLIKELY(value == nullptr)) PyErr_Clear();
+    return value;
+  }
+
+  // obj.<name> as a strong reference, or empty (error cleared) when it cannot be read. The generic
+  // lookup may run Python code (getters), which is why the value is held.
+  C10_ALWAYS_INLINE Ref read(PyObject* obj) {
+    if (PyObject* value = peek(obj)) return Ref::borrow(value);
+    return read_generic(obj);
+  }
+
+ private:
+  // The generic lookup: a name missing from the dict (a class default, __getattr__), or any class
+  // whose dict Python would not read first.
+  C10_NOINLINE Ref read_generic(PyObject* obj) {
     PyObject* value = PyObject_GetAttr(obj, name_);
     if (value == nullptr) PyErr_Clear();
     return Ref::steal(value);
   }
 
- private:
-  void classify(PyTypeObject* type) {
+  C10_NOINLINE void classify(PyTypeObject* type) {
     Py_INCREF(type);  // held, so that no other type can take its address during the batch
     Py_XSETREF(type_, type);
     // _PyType_Lookup walks the MRO without running Python code (pybind11 relies on it too).
@@ -125,10 +144,8 @@ inline Ref item_at(PyObject* seq, Py_ssize_t n, Py_ssize_t i) {
 
 // An exact Python int (bool excluded) within int64.
 inline bool exact_int(PyObject* obj, int64_t* out) {
-  if (!PyLong_CheckExact(obj)) return false;
-  int overflow = 0;
-  const long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
-  if (overflow != 0) return false;
+  long long v = 0;
+  if (!PyLong_CheckExact(obj) || !exact_int_value(obj, &v)) return false;
   *out = v;
   return true;
 }

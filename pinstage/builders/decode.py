@@ -46,9 +46,9 @@ def build_penalty_last_token_ids(requests, *, backend="pinstage", stream=None, d
     if backend == "pinstage":
         # C++ reads the requests and stages in one copy; it declines (None) anything unusual, and
         # the Python gather below then stages it or raises its error.
-        staged = _C._stage_decode_inputs(requests, True, stream, device)
+        staged = _C._stage_last_token_ids(requests, stream, device)
         if staged is not None:
-            return staged[0]
+            return staged
     (ids,) = stage([(last_token_ids(requests), torch.int64)], backend, stream, device)
     return ids
 
@@ -56,7 +56,7 @@ def build_penalty_last_token_ids(requests, *, backend="pinstage", stream=None, d
 def build_decode_inputs(requests, *, backend="pinstage", stream=None, device=None):
     """The three per-step decode tensors, staged together (one copy with backend="pinstage")."""
     if backend == "pinstage":
-        staged = _C._stage_decode_inputs(requests, False, stream, device)
+        staged = _C._stage_decode_inputs(requests, stream, device)
         if staged is not None:
             return DecodeInputs(*staged)
     return DecodeInputs(*stage(decode_input_items(requests), backend, stream, device))
