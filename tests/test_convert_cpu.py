@@ -574,6 +574,24 @@ def test_stage_into_cpu_mismatch_errors():
     assert torch.equal(out, torch.full((4,), 7, dtype=torch.int64)), "a failed stage_into wrote into out"
 
 
+def test_device_strings_are_each_parsed_for_what_they_say():
+    """The last device string parsed is remembered; each call must still get its own string's device,
+    and a bad string must raise without spoiling the next call."""
+    cpu_text = "".join(["c", "p", "u"])  # a str object of its own, not the interned literal
+    for device in ("cpu", cpu_text, "cpu", torch.device("cpu")):
+        got = pinstage.stage_to_device([1, 2], torch.int64, device=device)
+        assert got.device.type == "cpu" and torch.equal(got, torch.tensor([1, 2]))
+    for bad in ("tpu", "cuda:x", "cpu:abc"):
+        with pytest.raises(RuntimeError):
+            pinstage.stage_to_device([1], torch.int64, device=bad)
+        with pytest.raises(RuntimeError):
+            pinstage.stage_to_device([1], torch.int64, device=bad)  # not remembered as good
+        assert pinstage.stage_to_device([3], torch.int64, device="cpu").tolist() == [3]
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError):
+            pinstage.stage_to_device([1], torch.int64, device="cuda")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU default device")
 def test_default_device_without_cuda_is_cpu():
     got = pinstage.stage_to_device([1, 2, 3], torch.int64)
