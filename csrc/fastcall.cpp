@@ -3,6 +3,8 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <new>
+
 #include "stage.h"
 
 namespace py = pybind11;
@@ -22,8 +24,12 @@ void set_python_error(std::exception_ptr p) {
     PyErr_SetString(PyExc_IndexError, e.what_without_backtrace());
   } catch (const c10::Error& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+  } catch (const std::bad_alloc&) {
+    PyErr_NoMemory();
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "pinstage: unknown C++ exception");
   }
 }
 

@@ -11,7 +11,8 @@ namespace pinstage {
 
 // Sets the Python error for a C++ exception the way the bindings do: c10::TypeError -> TypeError,
 // c10::ValueError -> ValueError, c10::IndexError -> IndexError, other c10::Error -> RuntimeError
-// (without the C++ backtrace), pybind11::error_already_set -> the Python error it holds.
+// (without the C++ backtrace), pybind11::error_already_set -> the Python error it holds,
+// std::bad_alloc -> MemoryError, anything else -> RuntimeError.
 void set_python_error(std::exception_ptr p);
 
 extern PyMethodDef kStageToDeviceDef;

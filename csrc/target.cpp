@@ -29,15 +29,21 @@ namespace {
 // Engines pass the same device string every step ("cuda", "cuda:0"), and c10's parser costs a few
 // hundred ns of a call that is a few microseconds in all, so the last string parsed is remembered.
 // It is held, so that no other string can take its address, and a str's text never changes, so
-// the same object means the same device. Callers hold the GIL, which serialises this.
+// the same object means the same device. Only exact str objects are remembered: letting go of one
+// runs no Python code (a subclass's __del__ could stage, and re-enter this, mid-update), and both
+// fields are written before the old string is let go. Callers hold the GIL.
 c10::Device parse_device_string(PyObject* text) {
   static PyObject* last_text = nullptr;
   static c10::Device last_device(c10::kCPU);
   if (text == last_text) return last_device;
   const c10::Device d(py::reinterpret_borrow<py::str>(text).cast<std::string>());  // throws if invalid
-  Py_INCREF(text);
-  Py_XSETREF(last_text, text);
-  last_device = d;
+  if (PyUnicode_CheckExact(text)) {
+    PyObject* old = last_text;
+    Py_INCREF(text);
+    last_text = text;
+    last_device = d;
+    Py_XDECREF(old);
+  }
   return d;
 }
 

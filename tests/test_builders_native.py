@@ -1,6 +1,9 @@
 """The native gathers behind backend="pinstage": taken for plain request data, equal to the Python
 gather that the other backends use, declining (None) whatever they would not convert exactly as it
 does, and on the GPU one copy each, never reading ring memory that is reused, refused under capture."""
+import enum
+import random
+
 import numpy as np
 import pytest
 import torch
@@ -11,7 +14,7 @@ from builders_support import (
 import pinstage
 from pinstage import _C
 from pinstage.builders import (
-    DEFAULT_SAMPLING_SEED, TOP_K_ALL, Request, SamplingParams, build_decode_inputs, build_logprob_indices,
+    BACKENDS, DEFAULT_SAMPLING_SEED, TOP_K_ALL, Request, SamplingParams, build_decode_inputs, build_logprob_indices,
     build_penalty_last_token_ids, build_sampling_batch,
 )
 from pinstage.builders.decode import decode_input_items, last_token_ids
@@ -169,18 +172,89 @@ def test_every_way_python_finds_a_field_is_followed():
     assert staged[2].tolist() == [1, 3, 8, 2, 9, 5, 6]
 
 
+class ClassDefaultPrompt:
+    """origin_input_ids from the class: the gather finds it only after the output turned out empty."""
+
+    origin_input_ids = [30, 31]
+
+    def __init__(self, output):
+        self.output_ids = output
+
+
+def passes_taken(call):
+    """(grouped, one_by_one): how many batches `call()` finished with each pass of the gather."""
+    before = _C._last_token_pass_counts()
+    call()
+    after = _C._last_token_pass_counts()
+    return after[0] - before[0], after[1] - before[1]
+
+
+def test_plain_requests_take_the_grouped_pass():
+    for bs in (1, 8, 9, 37):
+        requests = random_requests(random.Random(bs), bs)
+        got = []
+        assert passes_taken(lambda: got.append(_C._stage_last_token_ids(requests, None, "cpu"))) == (1, 0)
+        assert got[0].tolist() == last_token_ids(requests)
+
+
 @pytest.mark.parametrize("odd_one_at", [0, 7, 8, 12, 19])
 def test_last_token_ids_with_a_field_outside_the_instance_dict(odd_one_at):
     """The penalty gather reads plain requests in groups without running getters; one request whose
     field needs Python code (a property, a class default, __getattr__) anywhere in the batch sends the
-    whole batch through the request-at-a-time pass, with the same result as Python."""
-    for odd in (PropertyRequest([12], [13, 14], 5), PropertyRequest([15], [], 0), ClassDefaultRow([10, 11], []),
-                DynamicRequest()):
+    whole batch through the request-at-a-time pass, with the same result as Python. A prompt found
+    only after an empty output sends it there from the grouped pass's last step."""
+    odd_ones = [PropertyRequest([12], [13, 14], 5), PropertyRequest([15], [], 0), DynamicRequest(),
+                ClassDefaultPrompt([]), PropertyRequest([16, 17], [], 3)]
+    for odd in odd_ones:
         requests = [Request([i, i + 100], [i + 200] * (i % 3), req_pool_idx=i) for i in range(20)]
         requests[odd_one_at] = odd
-        staged = _C._stage_last_token_ids(requests, None, "cpu")
-        assert staged is not None
-        assert staged.tolist() == last_token_ids(requests)
+        got = []
+        assert passes_taken(lambda: got.append(_C._stage_last_token_ids(requests, None, "cpu"))) == (0, 1)
+        assert got[0].tolist() == last_token_ids(requests)
+    # A class-default prompt behind a non-empty output is never read: the grouped pass finishes.
+    requests = [Request([1], [2]) for _ in range(11)] + [ClassDefaultPrompt([40])]
+    got = []
+    assert passes_taken(lambda: got.append(_C._stage_last_token_ids(requests, None, "cpu"))) == (1, 0)
+    assert got[0].tolist() == [2] * 11 + [40]
+
+
+class Color(enum.IntEnum):
+    RED = 7
+
+
+@pytest.mark.parametrize("token", [-1, 2**30 - 1, 2**30, -(2**30), -(2**30) - 1, 2**62, 2**63 - 1, -(2**63),
+                                   2**63, -(2**63) - 1, 2**100, True, False, 1.7, -2.5, Color.RED, None, "7"])
+@pytest.mark.parametrize("where", ["output", "prompt"])
+def test_last_token_values_at_the_edges_match_torch(token, where):
+    """Ints on both sides of CPython's compact range and of int64, and tokens of other types: every
+    backend gives torch.tensor's value, or every backend raises the same exception type."""
+    requests = [Request([1, 2], [3]) for _ in range(9)]
+    requests[4] = Request([5, token], []) if where == "prompt" else Request([5], [6, token])
+    outcomes = {}
+    for backend in BACKENDS:
+        try:
+            outcomes[backend] = build_penalty_last_token_ids(requests, backend=backend, device="cpu").tolist()
+        except Exception as e:  # noqa: BLE001 (the type is what is compared)
+            outcomes[backend] = type(e)
+    assert len(set(map(repr, outcomes.values()))) == 1, outcomes
+    try:
+        expected = torch.tensor(last_token_ids(requests), dtype=torch.int64).tolist()
+    except Exception as e:  # noqa: BLE001
+        expected = type(e)
+    assert outcomes["pinstage"] == expected
+
+
+def test_rows_beyond_the_compact_range_are_staged():
+    requests = [Request([1], [2], req_pool_idx=2**40), Request([3], [], req_pool_idx=2**30)]
+    staged = _C._stage_decode_inputs(requests, None, "cpu")
+    assert staged is not None and staged[2].tolist() == [2**40, 2**30]
+
+
+def test_entry_points_name_themselves_in_argument_errors():
+    with pytest.raises(TypeError, match="_stage_last_token_ids"):
+        _C._stage_last_token_ids([])
+    with pytest.raises(TypeError, match="_stage_sampling_batch"):
+        _C._stage_sampling_batch([], False)
 
 
 def test_last_token_ids_getters_run_in_python_order():

@@ -5,6 +5,7 @@ They run on every machine, with device="cpu".
 """
 import array
 import enum
+import gc
 
 import numpy as np
 import pytest
@@ -590,6 +591,26 @@ def test_device_strings_are_each_parsed_for_what_they_say():
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError):
             pinstage.stage_to_device([1], torch.int64, device="cuda")
+
+
+def test_a_device_string_whose_release_stages_does_not_confuse_the_next_call():
+    """A str subclass whose __del__ stages (re-entering the device parser) must not leave a string
+    paired with another string's device."""
+
+    class Reentrant(str):
+        def __del__(self):
+            pinstage.stage_to_device([1], torch.int64, device="cpu")
+
+    pinstage.stage_to_device([1], torch.int64, device=Reentrant("cpu"))
+    other = "cuda:0" if torch.cuda.is_available() else "cuda"
+    try:
+        pinstage.stage_to_device([1], torch.int64, device=other)
+    except RuntimeError:
+        assert not torch.cuda.is_available()
+    gc.collect()
+    got = pinstage.stage_to_device([1], torch.int64, device="cpu")
+    assert got.device.type == "cpu"
+    assert pinstage.stage_to_device([1], torch.int64, device=Reentrant("cpu")).device.type == "cpu"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU default device")

@@ -30,12 +30,22 @@ py::object sampling_batch(PyObject* const* a) {
 }
 py::object logprob_indices(PyObject* const* a) { return stage_logprob_indices(a[0], a[1], a[2], a[3]); }
 
+py::object last_token_passes_counts(PyObject* const*) {
+  const LastTokenPasses& p = last_token_passes();
+  return py::make_tuple(p.grouped, p.one_by_one);
+}
+
+constexpr char kLastTokenIds[] = "_stage_last_token_ids";
+constexpr char kDecodeInputs[] = "_stage_decode_inputs";
+constexpr char kSamplingBatch[] = "_stage_sampling_batch";
+constexpr char kLogprobIndices[] = "_stage_logprob_indices";
+constexpr char kPassCounts[] = "_last_token_pass_counts";
+
 // `Body` with exactly `N` positional arguments, its C++ exceptions set as Python errors.
-template <py::object (*Body)(PyObject* const*), Py_ssize_t N>
+template <py::object (*Body)(PyObject* const*), Py_ssize_t N, const char* Name>
 PyObject* entry(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != N) {
-    PyErr_Format(PyExc_TypeError, "pinstage._C builder entry point takes %zd positional arguments (%zd given)", N,
-                 nargs);
+    PyErr_Format(PyExc_TypeError, "pinstage._C.%s() takes %zd positional arguments (%zd given)", Name, N, nargs);
     return nullptr;
   }
   try {
@@ -46,20 +56,23 @@ PyObject* entry(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
 }
 
-template <py::object (*Body)(PyObject* const*), Py_ssize_t N>
-PyCFunction as_cfunction() {
-  return reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&entry<Body, N>));
+template <py::object (*Body)(PyObject* const*), Py_ssize_t N, const char* Name>
+PyMethodDef method(const char* doc) {
+  return {Name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&entry<Body, N, Name>)), METH_FASTCALL,
+          doc};
 }
 
 PyMethodDef kBuilderMethods[] = {
-    {"_stage_last_token_ids", as_cfunction<last_token_ids, 3>(), METH_FASTCALL,
-     "_stage_last_token_ids(requests, stream, device) -> Tensor | None"},
-    {"_stage_decode_inputs", as_cfunction<decode_inputs, 3>(), METH_FASTCALL,
-     "_stage_decode_inputs(requests, stream, device) -> [input_ids, seq_lens, req_pool_indices] | None"},
-    {"_stage_sampling_batch", as_cfunction<sampling_batch, 6>(), METH_FASTCALL,
-     "_stage_sampling_batch(params, with_seeds, top_k_all, default_seed, stream, device) -> tuple | None"},
-    {"_stage_logprob_indices", as_cfunction<logprob_indices, 4>(), METH_FASTCALL,
-     "_stage_logprob_indices(extend_seq_lens, extend_logprob_start_lens, stream, device) -> list | None"},
+    method<last_token_ids, 3, kLastTokenIds>("_stage_last_token_ids(requests, stream, device) -> Tensor | None"),
+    method<decode_inputs, 3, kDecodeInputs>(
+        "_stage_decode_inputs(requests, stream, device) -> [input_ids, seq_lens, req_pool_indices] | None"),
+    method<sampling_batch, 6, kSamplingBatch>(
+        "_stage_sampling_batch(params, with_seeds, top_k_all, default_seed, stream, device) -> tuple | None"),
+    method<logprob_indices, 4, kLogprobIndices>(
+        "_stage_logprob_indices(extend_seq_lens, extend_logprob_start_lens, stream, device) -> list | None"),
+    method<last_token_passes_counts, 0, kPassCounts>(
+        "_last_token_pass_counts() -> (grouped, one_by_one): batches _stage_last_token_ids finished with each "
+        "pass (for tests)"),
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

@@ -110,6 +110,11 @@ Gathered last_tokens_one_by_one(PyObject* requests, Py_ssize_t bs, FieldReader& 
 
 }  // namespace
 
+LastTokenPasses& last_token_passes() {
+  static LastTokenPasses passes;
+  return passes;
+}
+
 py::object stage_last_token_ids(py::handle requests, py::handle stream, py::handle device) {
   FieldReader output_ids(output_ids_name()), prompt_ids(prompt_ids_name());
   // First: it can run Python code (CUDA's lazy initialisation), and nothing is read yet.
@@ -120,9 +125,12 @@ py::object stage_last_token_ids(py::handle requests, py::handle stream, py::hand
   // A decline (no token, a value that is not an int in range, not a list) leaves it to the Python
   // builder, which stages what it can or raises naming the request.
   std::vector<int64_t> last_ids(static_cast<size_t>(bs));
+  LastTokenPasses& passes = last_token_passes();
   Gathered result = last_tokens_from_dicts(requests.ptr(), bs, output_ids, prompt_ids, last_ids.data());
+  if (result == Gathered::kDone) ++passes.grouped;
   if (result == Gathered::kNeedsPython) {
     result = last_tokens_one_by_one(requests.ptr(), bs, output_ids, prompt_ids, last_ids.data());
+    if (result == Gathered::kDone) ++passes.one_by_one;
   }
   if (result != Gathered::kDone) return py::none();
   const std::vector<at::Tensor> staged =

@@ -6,11 +6,21 @@
 
 #include <torch/csrc/utils/pybind.h>
 
+#include <cstdint>
+
 namespace pinstage::builders {
 
 // input_ids, int64 [bs]: each request's last output token, or its last prompt token before it has
 // any output, from requests with origin_input_ids and output_ids (lists or tuples of ints).
 pybind11::object stage_last_token_ids(pybind11::handle requests, pybind11::handle stream, pybind11::handle device);
+
+// Batches stage_last_token_ids finished with each pass (GIL-serialised), for the tests to see which
+// pass a batch takes.
+struct LastTokenPasses {
+  uint64_t grouped = 0;
+  uint64_t one_by_one = 0;
+};
+LastTokenPasses& last_token_passes();
 
 // [input_ids, seq_lens, req_pool_indices], int64 [bs] each, from requests that also have
 // req_pool_idx (an int >= 0).

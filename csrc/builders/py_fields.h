@@ -73,9 +73,11 @@ class FieldReader {
 
   // obj.<name> from the object's instance dict, borrowed, or null (no error set) when the generic
   // lookup must decide: a property or other data descriptor, __getattr__, a class default, no
-  // __dict__. Runs no Python code (short of a non-str dict key whose __eq__ is Python, which no
-  // attribute assignment makes), so the value stays valid until Python code runs. Inlined into the
-  // gathers' loops: it runs once per field per request.
+  // __dict__. Runs no getter (nor a non-str dict key's __eq__, which no attribute assignment makes).
+  // Building the dict of an object that kept its attributes inline allocates, and an allocation may
+  // start a garbage collection whose finalizers run Python code; the value is looked up after that,
+  // so it is valid when returned, and stays valid until Python code runs. Inlined into the gathers'
+  // loops: it runs once per field per request.
   C10_ALWAYS_INLINE PyObject* peek(PyObject* obj) {
     PyTypeObject* type = Py_TYPE(obj);
     // A class changed by a getter (a property added, say) gets a new version tag: look again. A
