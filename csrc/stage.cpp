@@ -52,10 +52,11 @@ at::Tensor stage_on_cpu(ItemPlan& plan) {
   throw py::error_already_set();
 }
 
-// Where one item of a one-copy staging sits: what stage_in_one_copy needs to lay it out.
+// Where one item of a one-copy staging sits: what stage_in_one_copy needs to lay it out. The shape
+// is borrowed from the caller's plan or array, which outlives the staging (no copy per item).
 struct ItemLayout {
   c10::ScalarType dtype;
-  std::vector<int64_t> shape;
+  at::IntArrayRef shape;
   size_t nbytes;
 };
 

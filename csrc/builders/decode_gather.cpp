@@ -28,6 +28,14 @@ PyObject* prompt_ids_name() {
 
 enum class Gathered { kDone, kDeclined, kNeedsPython };
 
+// The last item of a list or tuple as int64; false when it is neither, is empty, or its last item
+// is not converted exactly as torch.tensor would (the caller declines).
+bool store_last_item(PyObject* seq, int64_t* out) {
+  Py_ssize_t n = 0;
+  PyObject** items = nullptr;
+  return as_list_or_tuple(seq, &n, &items) && n > 0 && store<int64_t>(items[n - 1], out);
+}
+
 // The last tokens of a batch whose fields all sit in instance dicts (plain objects and dataclasses):
 // kNeedsPython as soon as one does not, before any getter can have run.
 //
@@ -73,10 +81,7 @@ Gathered last_tokens_from_dicts(PyObject* requests, Py_ssize_t bs, FieldReader& 
       if (!req) return Gathered::kDeclined;
       const Ref prompt = Ref::borrow(prompt_ids.peek(req.ptr()));
       if (!prompt) return Gathered::kNeedsPython;
-      Py_ssize_t n = 0;
-      PyObject** items = nullptr;
-      if (!as_list_or_tuple(prompt.ptr(), &n, &items) || n == 0) return Gathered::kDeclined;
-      if (!store<int64_t>(items[n - 1], &out[base + k])) return Gathered::kDeclined;
+      if (!store_last_item(prompt.ptr(), &out[base + k])) return Gathered::kDeclined;
     }
   }
   return Gathered::kDone;
@@ -93,17 +98,11 @@ Gathered last_tokens_one_by_one(PyObject* requests, Py_ssize_t bs, FieldReader& 
     if (!req) return Gathered::kDeclined;
     const Ref output = output_ids.read(req.ptr());
     Py_ssize_t n = 0;
-    PyObject** items = nullptr;
-    if (!output || !as_list_or_tuple(output.ptr(), &n, &items)) return Gathered::kDeclined;
-    if (n > 0) {
-      if (!store<int64_t>(items[n - 1], &out[i])) return Gathered::kDeclined;
-      continue;
-    }
+    if (!output || !as_list_or_tuple(output.ptr(), &n)) return Gathered::kDeclined;
     // `output_ids or origin_input_ids`: the prompt is read only when the output is empty, as in
     // Python, which does not look at the output again afterwards.
-    const Ref prompt = prompt_ids.read(req.ptr());
-    if (!prompt || !as_list_or_tuple(prompt.ptr(), &n, &items) || n == 0) return Gathered::kDeclined;
-    if (!store<int64_t>(items[n - 1], &out[i])) return Gathered::kDeclined;
+    const Ref source = n > 0 ? Ref::borrow(output.ptr()) : prompt_ids.read(req.ptr());
+    if (!source || !store_last_item(source.ptr(), &out[i])) return Gathered::kDeclined;
   }
   return Gathered::kDone;
 }
