@@ -84,15 +84,27 @@ void configure(py::handle ring_bytes, py::handle on_full, py::handle device) {
   std::optional<size_t> bytes;
   if (!ring_bytes.is_none()) {
     TORCH_CHECK_TYPE(PyLong_Check(ring_bytes.ptr()) && !PyBool_Check(ring_bytes.ptr()),
-                     "pinstage.configure: ring_bytes must be an int");
-    const auto n = ring_bytes.cast<long long>();
-    TORCH_CHECK_VALUE(n > 0, "pinstage.configure: ring_bytes must be positive, got ", n);
+                     "pinstage.configure: ring_bytes must be an int, got ", Py_TYPE(ring_bytes.ptr())->tp_name);
+    int overflow = 0;
+    const long long n = PyLong_AsLongLongAndOverflow(ring_bytes.ptr(), &overflow);
+    if (n == -1 && PyErr_Occurred()) throw py::error_already_set();
+    if (overflow > 0) {
+      PyErr_Format(PyExc_OverflowError, "pinstage.configure: ring_bytes=%R is too large", ring_bytes.ptr());
+      throw py::error_already_set();
+    }
+    TORCH_CHECK_VALUE(overflow == 0 && n > 0, "pinstage.configure: ring_bytes must be positive, got ",
+                      py::repr(ring_bytes).cast<std::string>());
     bytes = static_cast<size_t>(n);
   }
   std::optional<OnFull> mode;
   if (!on_full.is_none()) {
     TORCH_CHECK_TYPE(PyUnicode_Check(on_full.ptr()), "pinstage.configure: on_full must be a str");
-    mode = parse_on_full(on_full.cast<std::string>());
+    const char* text = PyUnicode_AsUTF8(on_full.ptr());
+    if (text == nullptr) {
+      PyErr_Clear();
+      TORCH_CHECK_VALUE(false, "pinstage.configure: on_full must be \"overflow\", \"wait\" or \"error\"");
+    }
+    mode = parse_on_full(text);
   }
   std::optional<int> index;
   if (!device.is_none()) {

@@ -5,6 +5,7 @@
 #include "cache_indices.h"
 #include "stage.h"
 #include "target.h"
+#include "tensor_check.h"
 
 #include <cstdint>
 #include <cstring>
@@ -81,11 +82,13 @@ void check_cpu_values(
   const int64_t max_context_len = req_to_token.size(1);
   for (int64_t i = 0; i < batch; ++i) {
     check_request_span(i, rows_of[i], prefix_lens[i], seq_lens[i], rows, max_context_len);
+    // Bounds as subtractions that cannot overflow: 0 <= prefix <= seq was checked above.
     const int64_t extend_len = seq_lens[i] - prefix_lens[i];
     TORCH_CHECK_VALUE(
-        out_cache_offsets[i] >= 0 && out_cache_offsets[i] + extend_len <= out_cache_len, kOp, ": request ", i,
-        ": out_cache_offsets slice [", out_cache_offsets[i], ", ", out_cache_offsets[i] + extend_len,
-        ") is outside out_cache_loc (", out_cache_len, " elements)");
+        out_cache_offsets[i] >= 0 && out_cache_offsets[i] <= out_cache_len &&
+            extend_len <= out_cache_len - out_cache_offsets[i],
+        kOp, ": request ", i, ": out_cache_offsets is ", out_cache_offsets[i], " with ", extend_len,
+        " new tokens, outside out_cache_loc (", out_cache_len, " elements)");
     TORCH_CHECK_VALUE(
         prefix_lens[i] == 0 || prefix_pointers[i] != 0, kOp, ": request ", i,
         ": prefix_pointers is null but prefix_lens is ", prefix_lens[i]);
@@ -248,7 +251,7 @@ CacheIndexPlan plan_cache_indices(
 
     PyObject* obj = tensors[i];
     TORCH_CHECK_TYPE(
-        THPVariable_Check(obj), kOp, ": request ", i, ": prefix_tensors entry must be a tensor, got ",
+        pinstage::is_tensor(obj), kOp, ": request ", i, ": prefix_tensors entry must be a tensor, got ",
         Py_TYPE(obj)->tp_name);
     const at::Tensor& cached = THPVariable_Unpack(obj);
     TORCH_CHECK_VALUE(
@@ -268,7 +271,7 @@ CacheIndexPlan plan_cache_indices(
 
     plan.prefix_pointers[i] = reinterpret_cast<uintptr_t>(cached.const_data_ptr());
     plan.out_cache_offsets[i] = running;
-    running += extend[i];
+    TORCH_CHECK_VALUE(!__builtin_add_overflow(running, extend[i], &running), kOp, ": extend_lens add up to more than 2**63");
   }
   TORCH_CHECK_VALUE(
       running == out_cache_loc.numel(), kOp, ": extend_lens add up to ", running, " but out_cache_loc has ",

@@ -31,8 +31,9 @@ __global__ void write_cache_indices_kernel(
   const int64_t offset = out_cache_offsets[req];
   // The host validated these before staging them; this guard only keeps a call that bypassed the
   // builder from writing outside req_to_token or reading outside out_cache_loc.
+  // Written as subtractions, which cannot overflow once 0 <= prefix_len <= seq_len holds.
   if (row < 0 || row >= rows || prefix_len < 0 || seq_len < prefix_len || seq_len > max_context_len ||
-      offset < 0 || offset + (seq_len - prefix_len) > out_cache_len) {
+      offset < 0 || offset > out_cache_len || seq_len - prefix_len > out_cache_len - offset) {
     return;
   }
   int32_t* dst = req_to_token + row * row_stride;

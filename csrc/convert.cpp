@@ -1,5 +1,6 @@
 #include "convert.h"
 
+#include <c10/util/Exception.h>
 #include <c10/util/TypeCast.h>
 
 #include <cmath>
@@ -87,6 +88,10 @@ bool infer_fast_shape(PyObject* obj, std::vector<int64_t>* shape) {
   }
   PyObject* level = obj;
   while (PyList_Check(level) || PyTuple_Check(level)) {
+    // torch.tensor's own limit, checked before going deeper: a list nested in itself a million
+    // times must raise, not walk (or recurse) that far.
+    TORCH_CHECK_VALUE(shape->size() < kMaxDims, "pinstage: too many dimensions '", Py_TYPE(level)->tp_name,
+                      "' (torch.tensor allows at most ", kMaxDims, ")");
     const Py_ssize_t n = PySequence_Fast_GET_SIZE(level);
     shape->push_back(n);
     if (n == 0) return true;  // torch stops at the first empty level too: [[], []] is (2, 0)

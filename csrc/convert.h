@@ -4,7 +4,8 @@
 // nested (rectangular) lists and tuples of them, and range. It converts each element exactly as
 // torch.tensor(data, dtype=dtype) does, and where it cannot be sure of that (an element of another
 // type, a value torch would reject, wrap or round differently, a ragged list) it declines, so the
-// caller can fall back to torch.tensor itself. It never raises.
+// caller can fall back to torch.tensor itself. It raises only where torch.tensor raises for the
+// structure itself (more than kMaxDims levels of nesting).
 #pragma once
 
 #include <Python.h>
@@ -14,6 +15,9 @@
 #include <vector>
 
 namespace pinstage {
+
+// torch.tensor refuses data nested deeper than this (ValueError: too many dimensions).
+constexpr size_t kMaxDims = 128;
 
 // Fills `shape` the way torch.tensor infers it (length of each level, following first elements)
 // and returns true when `obj` is a structure the fast path can write: a Python scalar, a range, or

@@ -8,6 +8,7 @@
 
 #include "convert.h"
 #include "dtypes.h"
+#include "tensor_check.h"
 
 namespace py = pybind11;
 
@@ -25,7 +26,7 @@ PyObject* dtype_object(c10::ScalarType t) {
 at::Tensor call_fallback(PyObject* data, c10::ScalarType dtype) {
   TORCH_CHECK(g_fallback != nullptr, "pinstage: the fallback converter is not registered (import pinstage, not pinstage._C)");
   py::object result = py::reinterpret_borrow<py::object>(g_fallback)(py::handle(data), py::handle(dtype_object(dtype)));
-  TORCH_CHECK(THPVariable_Check(result.ptr()), "pinstage: the fallback converter returned a non-tensor");
+  TORCH_CHECK(is_tensor(result.ptr()), "pinstage: the fallback converter returned a non-tensor");
   at::Tensor t = THPVariable_Unpack(result.ptr());
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == dtype,
               "pinstage: the fallback converter returned a tensor of the wrong device or dtype");
@@ -33,6 +34,18 @@ at::Tensor call_fallback(PyObject* data, c10::ScalarType dtype) {
 }
 
 }  // namespace
+
+size_t checked_nbytes(c10::IntArrayRef shape, c10::ScalarType dtype, int64_t* numel) {
+  int64_t n = 1;
+  int64_t bytes = 0;
+  bool overflow = false;
+  for (int64_t s : shape) overflow |= __builtin_mul_overflow(n, s, &n);
+  overflow |= __builtin_mul_overflow(n, static_cast<int64_t>(c10::elementSize(dtype)), &bytes);
+  TORCH_CHECK(!overflow, "pinstage: storage size calculation overflowed: shape ", shape, " of ",
+              c10::toString(dtype), " is more than 2**63 - 1 bytes");
+  *numel = n;
+  return static_cast<size_t>(bytes);
+}
 
 c10::ScalarType parse_dtype(PyObject* dtype, const char* what) {
   TORCH_CHECK_TYPE(dtype != nullptr && THPDtype_Check(dtype), "pinstage: ", what, " must be a torch.dtype, got ",
@@ -57,7 +70,7 @@ ItemPlan plan_item(PyObject* data, c10::ScalarType dtype) {
   // goes through isinstance.
   if (infer_fast_shape(data, &plan.shape)) {
     plan.fast = true;
-  } else if (THPVariable_Check(data)) {
+  } else if (is_tensor(data)) {
     const at::Tensor& t = THPVariable_Unpack(data);
     TORCH_CHECK_TYPE(t.device().is_cpu(), "pinstage: data is a tensor on ", t.device().str(),
                      "; pinstage stages host data (for device tensors use tensor.to(device, non_blocking=True))");
@@ -69,10 +82,7 @@ ItemPlan plan_item(PyObject* data, c10::ScalarType dtype) {
     plan.via_fallback = true;
   }
   if (!plan.fast) plan.shape.assign(plan.host.sizes().begin(), plan.host.sizes().end());
-  int64_t numel = 1;
-  for (int64_t s : plan.shape) numel *= s;
-  plan.numel = numel;
-  plan.nbytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  plan.nbytes = checked_nbytes(plan.shape, dtype, &plan.numel);
   return plan;
 }
 
@@ -80,8 +90,11 @@ bool write_item(ItemPlan& plan, void* dst) {
   if (plan.fast) {
     if (write_fast(plan.data, plan.shape, plan.dtype, dst)) return false;
     plan.host = call_fallback(plan.data, plan.dtype);
-    // Both shape inferences follow first elements from a Python scalar leaf, so they agree.
-    TORCH_INTERNAL_ASSERT(plan.host.sizes().vec() == plan.shape, "pinstage: fallback shape disagrees with the fast path's");
+    // Both shape inferences follow first elements from a Python scalar leaf, so they agree unless
+    // Python code run since planning (an element's __index__, another thread) resized the data.
+    TORCH_CHECK(plan.host.sizes() == c10::IntArrayRef(plan.shape), "pinstage: the data changed while it was being staged: ",
+                "its shape was ", c10::IntArrayRef(plan.shape), " when the call began and is ", plan.host.sizes(),
+                " now (Python code run during the conversion modified it); nothing was staged");
     plan.fast = false;
     plan.via_fallback = true;
     if (plan.nbytes > 0) std::memcpy(dst, plan.host.data_ptr(), plan.nbytes);

@@ -22,6 +22,10 @@ struct ItemPlan {
   at::Tensor host;  // set when !fast: contiguous CPU tensor with the final values
 };
 
+// numel(shape) and its byte count as `dtype`; RuntimeError when either exceeds int64, as torch's
+// own storage size check does.
+size_t checked_nbytes(c10::IntArrayRef shape, c10::ScalarType dtype, int64_t* numel);
+
 // Parses a torch.dtype argument; TypeError for anything else or for an unsupported dtype.
 c10::ScalarType parse_dtype(PyObject* dtype, const char* what);
 

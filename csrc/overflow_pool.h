@@ -21,6 +21,24 @@
 
 namespace pinstage {
 
+// `bytes` of portable pinned host memory (the copy engine of any device may read it, whichever
+// device is current later). torch.OutOfMemoryError when the host cannot pin that much; the failed
+// call's error is cleared so that it does not surface in an unrelated later CUDA check.
+inline uint8_t* allocate_pinned(size_t bytes, c10::DeviceIndex device) {
+  c10::cuda::CUDAGuard guard(device);
+  // Relaxed capture mode: a graph captured meanwhile by another thread in "global" mode neither
+  // refuses nor is invalidated by this call (PyTorch's caching allocators do the same).
+  c10::cuda::CUDAStreamCaptureModeGuard capture_mode(cudaStreamCaptureModeRelaxed);
+  void* p = nullptr;
+  const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "pinstage: could not pin ", bytes, " bytes of host memory for cuda:",
+                     static_cast<int>(device), ": ", cudaGetErrorString(err));
+  }
+  return static_cast<uint8_t*>(p);
+}
+
 class OverflowPool {
  public:
   struct Block {
@@ -42,12 +60,9 @@ class OverflowPool {
       free_.erase(it);
       return b;
     }
-    c10::cuda::CUDAGuard guard(device_);
-    c10::cuda::CUDAStreamCaptureModeGuard capture_mode(cudaStreamCaptureModeRelaxed);  // see staging_ring.cpp
-    void* p = nullptr;
-    C10_CUDA_CHECK(cudaHostAlloc(&p, size, cudaHostAllocPortable));
+    uint8_t* p = allocate_pinned(size, device_);
     reserved_bytes_ += size;
-    return Block{static_cast<uint8_t*>(p), size};
+    return Block{p, size};
   }
 
   void seal(const Block& b, StreamFence* done) { in_flight_.emplace_back(b, done); }
@@ -76,6 +91,8 @@ class OverflowPool {
 
  private:
   static size_t round_size(size_t bytes) {
+    // Beyond 2**62 no power of two is left to round to; ask for exactly that much (and fail).
+    if (bytes > (size_t{1} << 62)) return bytes;
     size_t s = size_t{1} << 16;  // 64 KiB floor: fewer, reusable blocks
     while (s < bytes) s <<= 1;
     return s;

@@ -13,6 +13,7 @@
 #include "item_plan.h"
 #include "staging_registry.h"
 #include "target.h"
+#include "tensor_check.h"
 
 #ifdef PINSTAGE_WITH_CUDA
 #include <ATen/EmptyTensor.h>
@@ -27,6 +28,9 @@ namespace pinstage {
 namespace {
 
 size_t align_up(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
+
+// The most one staging can hold: the largest storage torch can describe.
+constexpr size_t kMaxStagingBytes = static_cast<size_t>(INT64_MAX);
 
 // A named range in the torch profiler for each call; free when no profiler is attached.
 struct ProfilerRange {
@@ -138,6 +142,10 @@ std::vector<at::Tensor> stage_in_one_copy(const Target& target, const std::vecto
   std::vector<size_t> offsets(layouts.size());
   size_t total = 0;
   for (size_t i = 0; i < layouts.size(); ++i) {
+    // Each item's bytes fit int64 (checked_nbytes); their sum may not.
+    TORCH_CHECK(layouts[i].nbytes <= kMaxStagingBytes - kStagingAlignment &&
+                    total <= kMaxStagingBytes - kStagingAlignment - layouts[i].nbytes,
+                "pinstage: the items together are more than 2**63 bytes");
     offsets[i] = align_up(total, kStagingAlignment);
     total = offsets[i] + layouts[i].nbytes;
   }
@@ -298,37 +306,60 @@ std::vector<at::Tensor> stage_host_arrays(const std::vector<HostArray>& arrays, 
 #endif
 }
 
+namespace {
+
+// stage_into writes into `out` only after every conversion is done, and checks `out` again right
+// before the write with no Python code in between: the conversion can run Python code (an
+// element's __index__, the torch.tensor fallback, another thread while on_full="wait" waits) that
+// replaces out's storage, dtype or device.
+void check_out_unchanged(const at::Tensor& out, c10::ScalarType dtype, c10::Device device, int64_t numel) {
+  TORCH_CHECK(out.scalar_type() == dtype && out.device() == device && out.is_contiguous() && out.numel() == numel,
+              "pinstage.stage_into: out changed while data was being converted (it is now ", out.scalar_type(),
+              " of shape ", out.sizes(), " on ", out.device(), "; it was ", dtype, " with ", numel,
+              " elements on ", device, "); nothing was written");
+}
+
+}  // namespace
+
 void stage_into(PyObject* data, PyObject* out_obj, PyObject* stream) {
   ProfilerRange range("pinstage::stage_into");
-  TORCH_CHECK_TYPE(THPVariable_Check(out_obj), "pinstage.stage_into: out must be a torch.Tensor, got ", Py_TYPE(out_obj)->tp_name);
+  TORCH_CHECK_TYPE(is_tensor(out_obj), "pinstage.stage_into: out must be a torch.Tensor, got ", Py_TYPE(out_obj)->tp_name);
+  // The variable's own tensor (not a copy): a later `out.data = ...` shows through it.
   const at::Tensor& out = THPVariable_Unpack(out_obj);
   const c10::ScalarType dtype = out.scalar_type();
+  const c10::Device device = out.device();
   TORCH_CHECK_TYPE(is_supported_dtype(dtype), "pinstage.stage_into: out has unsupported dtype ",
                    py::str(reinterpret_cast<PyObject*>(torch::getTHPDtype(dtype))).cast<std::string>());
   TORCH_CHECK_VALUE(out.is_contiguous(), "pinstage.stage_into: out must be contiguous");
+  const int64_t out_numel = out.numel();
+#ifdef PINSTAGE_WITH_CUDA
+  std::optional<c10::cuda::CUDAStream> s;
+  if (device.is_cuda()) {
+    s = c10::cuda::getCurrentCUDAStream(device.index());
+    if (stream != Py_None) {
+      const Target target = resolve_target(stream, Py_None);
+      TORCH_CHECK_VALUE(target.index == device.index(), "pinstage.stage_into: stream is on cuda:",
+                        static_cast<int>(target.index), " but out is on ", device.str());
+      s = *target.stream;
+    }
+    check_not_capturing(*s, "stage_into");
+  }
+#endif
   ItemPlan plan = plan_item(data, dtype);
-  TORCH_CHECK_VALUE(plan.numel == out.numel(), "pinstage.stage_into: data has ", plan.numel, " elements (shape ",
-                    c10::IntArrayRef(plan.shape), ") but out has ", out.numel(), " (shape ", out.sizes(), ")");
-  if (out.device().is_cpu()) {
+  TORCH_CHECK_VALUE(plan.numel == out_numel, "pinstage.stage_into: data has ", plan.numel, " elements (shape ",
+                    c10::IntArrayRef(plan.shape), ") but out has ", out_numel, " (shape ", out.sizes(), ")");
+  if (device.is_cpu()) {
     TORCH_CHECK_VALUE(stream == Py_None, "pinstage.stage_into: out is on the CPU; no stream applies");
     // Through a temporary: a bad element must leave out as it was.
     at::Tensor values = stage_on_cpu(plan);
+    check_out_unchanged(out, dtype, device, plan.numel);
     if (plan.nbytes > 0) std::memcpy(out.data_ptr(), values.data_ptr(), plan.nbytes);
     return;
   }
 #ifdef PINSTAGE_WITH_CUDA
-  TORCH_CHECK_VALUE(out.is_cuda(), "pinstage.stage_into: out must be on the CPU or a CUDA device, got ", out.device().str());
-  const c10::DeviceIndex index = out.device().index();
-  c10::cuda::CUDAStream s = c10::cuda::getCurrentCUDAStream(index);
-  if (stream != Py_None) {
-    const Target target = resolve_target(stream, Py_None);
-    TORCH_CHECK_VALUE(target.index == index, "pinstage.stage_into: stream is on cuda:", static_cast<int>(target.index),
-                      " but out is on ", out.device().str());
-    s = *target.stream;
-  }
-  check_not_capturing(s, "stage_into");
-  c10::cuda::CUDAGuard device_guard(index);
-  StagingRing& ring = ring_for(index);
+  TORCH_CHECK_VALUE(device.is_cuda(), "pinstage.stage_into: out must be on the CPU or a CUDA device, got ", device.str());
+  c10::cuda::CUDAGuard device_guard(device.index());
+  StagingRing& ring = ring_for(device.index());
   if (plan.nbytes == 0) {
     write_item(plan, nullptr);
     count(ring, 0, plan.via_fallback);
@@ -336,10 +367,11 @@ void stage_into(PyObject* data, PyObject* out_obj, PyObject* stream) {
   }
   LeaseGuard lease(ring, plan.nbytes);
   write_item(plan, lease.data());
-  lease.copy_and_commit(out.data_ptr(), plan.nbytes, s);
+  check_out_unchanged(out, dtype, device, plan.numel);
+  lease.copy_and_commit(out.data_ptr(), plan.nbytes, *s);
   count(ring, plan.nbytes, plan.via_fallback);
 #else
-  TORCH_CHECK_VALUE(false, "pinstage.stage_into: out is on ", out.device().str(), " but pinstage was built without CUDA");
+  TORCH_CHECK_VALUE(false, "pinstage.stage_into: out is on ", device.str(), " but pinstage was built without CUDA");
 #endif
 }
 

@@ -65,14 +65,7 @@ void StagingRing::free_drained_slabs_locked() {
 std::optional<HostLease> StagingRing::try_acquire(size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   Slab& slab = *slab_;
-  if (slab.base == nullptr) {
-    c10::cuda::CUDAGuard guard(device_);
-    c10::cuda::CUDAStreamCaptureModeGuard capture_mode(cudaStreamCaptureModeRelaxed);
-    void* p = nullptr;
-    // Portable: the copy engine of any device may read it, whichever device is current later.
-    C10_CUDA_CHECK(cudaHostAlloc(&p, capacity_, cudaHostAllocPortable));
-    slab.base = static_cast<uint8_t*>(p);
-  }
+  if (slab.base == nullptr) slab.base = allocate_pinned(capacity_, device_);
   if (slab.ring.pending_regions() >= reclaim_at_) release_completed_locked();
   auto r = slab.ring.try_reserve(bytes, kStagingAlignment);
   if (!r) {

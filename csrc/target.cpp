@@ -1,6 +1,9 @@
 #include "target.h"
 
 #include <torch/csrc/Device.h>
+#include <torch/csrc/Stream.h>
+
+#include <string>
 
 #ifdef PINSTAGE_WITH_CUDA
 #include <c10/cuda/CUDAException.h>
@@ -26,70 +29,91 @@ bool cuda_available() {
 
 namespace {
 
-// Engines pass the same device string every step ("cuda", "cuda:0"), and c10's parser costs a few
-// hundred ns of a call that is a few microseconds in all, so the last string parsed is remembered.
-// It is held, so that no other string can take its address, and a str's text never changes, so
-// the same object means the same device. Only exact str objects are remembered: letting go of one
-// runs no Python code (a subclass's __del__ could stage, and re-enter this, mid-update), and both
-// fields are written before the old string is let go. Callers hold the GIL.
-c10::Device parse_device_string(PyObject* text) {
-  static PyObject* last_text = nullptr;
-  static c10::Device last_device(c10::kCPU);
-  if (text == last_text) return last_device;
-  const c10::Device d(py::reinterpret_borrow<py::str>(text).cast<std::string>());  // throws if invalid
-  if (PyUnicode_CheckExact(text)) {
-    PyObject* old = last_text;
-    Py_INCREF(text);
-    last_text = text;
-    last_device = d;
-    Py_XDECREF(old);
-  }
-  return d;
-}
-
-}  // namespace
-
-std::optional<c10::DeviceIndex> parse_cuda_device(PyObject* device, bool* is_cpu) {
-  c10::Device d(c10::kCPU);
-  if (THPDevice_Check(device)) {
-    d = reinterpret_cast<THPDevice*>(device)->device;
-  } else if (PyUnicode_Check(device)) {
-    d = parse_device_string(device);
-  } else if (PyLong_Check(device) && !PyBool_Check(device)) {
-    const long idx = PyLong_AsLong(device);
-    TORCH_CHECK_VALUE(idx >= 0 && !PyErr_Occurred(), "pinstage: device index must be a non-negative int");
-    d = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(idx));
-  } else {
-    TORCH_CHECK_TYPE(false, "pinstage: device must be a torch.device, str or int, got ", Py_TYPE(device)->tp_name);
-  }
-  *is_cpu = d.is_cpu();
-  if (d.is_cpu()) return std::nullopt;
-  TORCH_CHECK_VALUE(d.is_cuda(), "pinstage: unsupported device ", d.str(), " (CPU and CUDA only)");
-  TORCH_CHECK(cuda_available(), "pinstage: device ", d.str(), " requested but ",
+// A CUDA device index as a c10::DeviceIndex (int8), after checking it names a visible device:
+// casting first would make 256 mean cuda:0 and 200 mean "the current device".
+c10::DeviceIndex checked_cuda_index(long long index, const char* what) {
+  TORCH_CHECK_VALUE(index >= 0, "pinstage: ", what, " index must be non-negative, got ", index);
+  TORCH_CHECK(cuda_available(), "pinstage: ", what, " cuda:", index, " requested but ",
 #ifdef PINSTAGE_WITH_CUDA
               "no CUDA device is visible"
 #else
               "pinstage was built without CUDA (PINSTAGE_FORCE_CPU or no CUDA toolkit at build time)"
 #endif
   );
-  return d.has_index() ? d.index() : static_cast<c10::DeviceIndex>(-1);
+  const long long count = visible_cuda_devices();
+  TORCH_CHECK_VALUE(index < count, "pinstage: ", what, " cuda:", index, " does not exist (", count,
+                    " CUDA device", count == 1 ? " is" : "s are", " visible)");
+  return static_cast<c10::DeviceIndex>(index);
+}
+
+// "cpu", "cuda" and "cuda:N" with N read in full (c10's parser keeps the low 8 bits of N); any
+// other text goes to c10::Device, whose message says what is wrong with it.
+c10::Device parse_device_text(PyObject* text) {
+  Py_ssize_t size = 0;
+  const char* utf8 = PyUnicode_AsUTF8AndSize(text, &size);
+  if (utf8 == nullptr) {
+    PyErr_Clear();
+    TORCH_CHECK_VALUE(false, "pinstage: device must be a device string such as 'cuda:0'; got a str that is not valid text");
+  }
+  const std::string s(utf8, static_cast<size_t>(size));
+  if (s == "cpu") return c10::Device(c10::kCPU);
+  if (s == "cuda") return c10::Device(c10::kCUDA);
+  if (s.size() > 5 && s.compare(0, 5, "cuda:") == 0 && s.size() <= 5 + 18 &&
+      s.find_first_not_of("0123456789", 5) == std::string::npos) {
+    return c10::Device(c10::kCUDA, checked_cuda_index(std::stoll(s.substr(5)), "device"));
+  }
+  return c10::Device(s);  // throws for malformed text
+}
+
+}  // namespace
+
+long long visible_cuda_devices() {
+#ifdef PINSTAGE_WITH_CUDA
+  return c10::cuda::device_count();
+#else
+  return 0;
+#endif
+}
+
+std::optional<c10::DeviceIndex> parse_cuda_device(PyObject* device, bool* is_cpu) {
+  c10::Device d(c10::kCPU);
+  if (THPDevice_Check(device)) {
+    d = reinterpret_cast<THPDevice*>(device)->device;
+  } else if (PyUnicode_Check(device)) {
+    d = parse_device_text(device);
+  } else if (PyLong_Check(device) && !PyBool_Check(device)) {
+    int overflow = 0;
+    const long long idx = PyLong_AsLongLongAndOverflow(device, &overflow);
+    if (idx == -1 && PyErr_Occurred()) PyErr_Clear();
+    TORCH_CHECK_VALUE(overflow == 0, "pinstage: device index is out of range");
+    d = c10::Device(c10::kCUDA, checked_cuda_index(idx, "device"));
+  } else {
+    TORCH_CHECK_TYPE(false, "pinstage: device must be a torch.device, str or int, got ", Py_TYPE(device)->tp_name);
+  }
+  *is_cpu = d.is_cpu();
+  if (d.is_cpu()) return std::nullopt;
+  TORCH_CHECK_VALUE(d.is_cuda(), "pinstage: unsupported device ", d.str(), " (CPU and CUDA only)");
+  if (!d.has_index()) {
+    checked_cuda_index(0, "device");  // says that CUDA is missing, if it is
+    return static_cast<c10::DeviceIndex>(-1);
+  }
+  return checked_cuda_index(d.index(), "device");
 }
 
 Target resolve_target(PyObject* stream, PyObject* device) {
   Target t;
   if (stream != Py_None) {
-#ifdef PINSTAGE_WITH_CUDA
-    py::handle s(stream);
-    TORCH_CHECK_TYPE(py::hasattr(s, "stream_id") && py::hasattr(s, "device_index"),
+    // The fields of torch.Stream itself: reading them runs no Python code.
+    TORCH_CHECK_TYPE(THPStreamClass != nullptr && PyObject_TypeCheck(stream, THPStreamClass),
                      "pinstage: stream must be a torch.cuda.Stream or None, got ", Py_TYPE(stream)->tp_name);
-    const auto id = s.attr("stream_id").cast<int64_t>();
-    const auto index = s.attr("device_index").cast<int64_t>();
-    const auto type = s.attr("device_type").cast<int64_t>();
-    TORCH_CHECK_VALUE(static_cast<c10::DeviceType>(type) == c10::DeviceType::CUDA, "pinstage: stream is not a CUDA stream");
+    const auto* s = reinterpret_cast<const THPStream*>(stream);
+    TORCH_CHECK_VALUE(static_cast<c10::DeviceType>(s->device_type) == c10::DeviceType::CUDA,
+                      "pinstage: stream is not a CUDA stream (device type ",
+                      c10::DeviceTypeName(static_cast<c10::DeviceType>(s->device_type)), ")");
+#ifdef PINSTAGE_WITH_CUDA
     t.cuda = true;
-    t.index = static_cast<c10::DeviceIndex>(index);
-    t.stream = c10::cuda::CUDAStream(
-        c10::Stream::unpack3(id, static_cast<c10::DeviceIndex>(index), static_cast<c10::DeviceType>(type)));
+    t.index = checked_cuda_index(s->device_index, "stream's device");
+    t.stream = c10::cuda::CUDAStream(c10::Stream::unpack3(s->stream_id, t.index, c10::DeviceType::CUDA));
     if (device != Py_None) {
       bool is_cpu = false;
       auto d = parse_cuda_device(device, &is_cpu);
@@ -116,8 +140,6 @@ Target resolve_target(PyObject* stream, PyObject* device) {
   ensure_cuda_initialized();
   t.cuda = true;
   t.index = *index >= 0 ? *index : c10::cuda::current_device();
-  TORCH_CHECK_VALUE(t.index < c10::cuda::device_count(), "pinstage: cuda:", static_cast<int>(t.index),
-                    " does not exist (", static_cast<int>(c10::cuda::device_count()), " visible)");
   t.stream = c10::cuda::getCurrentCUDAStream(t.index);
 #endif
   return t;

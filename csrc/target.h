@@ -25,10 +25,14 @@ struct Target {
 // stream: None or a torch.cuda.Stream; device: None, torch.device, str or int.
 Target resolve_target(PyObject* stream, PyObject* device);
 
-// The CUDA device a torch.device / str / int names (-1 when it names none); CPU gives nullopt.
+// The CUDA device a torch.device / str / int names (-1 for "cuda" without an index); CPU gives
+// nullopt. ValueError for an index that names no visible device.
 std::optional<c10::DeviceIndex> parse_cuda_device(PyObject* device, bool* is_cpu);
 
 bool cuda_available();
+
+// How many CUDA devices this process sees (0 without CUDA).
+long long visible_cuda_devices();
 
 #ifdef PINSTAGE_WITH_CUDA
 // Streams that are capturing a CUDA graph are refused: a captured copy would read ring memory that

@@ -7,9 +7,16 @@ type; the message gains the index, value and dtype of the first element torch re
 """
 import torch
 
+# torch.tensor's nesting limit; the search below never goes deeper (a self-nested list is finite
+# only up to Python's recursion limit).
+_MAX_DIMS = 128
+
 
 def host_tensor(data, dtype):
     """torch.tensor(data, dtype=dtype), with errors that name the offending element."""
+    if isinstance(data, torch.Tensor) and not issubclass(type(data), torch.Tensor):
+        # torch.tensor would read it as a tensor because its __class__ says so.
+        raise TypeError("pinstage: data claims to be a torch.Tensor but is a %s" % type(data).__name__)
     try:
         return torch.tensor(data, dtype=dtype)
     except Exception as exc:  # re-raised below with the same type
@@ -38,7 +45,7 @@ def _short_repr(value, limit=60):
 def _first_refused_element(data, dtype, index=()):
     """(index, value) of the first element, in row-major order, that torch.tensor refuses on its
     own, or of the first sequence whose length breaks the rectangle; None if none is found."""
-    if isinstance(data, (list, tuple)):
+    if isinstance(data, (list, tuple)) and len(index) < _MAX_DIMS:
         expected = None
         for i, item in enumerate(data):
             if isinstance(item, (list, tuple)):

@@ -158,7 +158,7 @@ def staged_args(rows, prefix_lens, seq_lens, offsets, pointers):
     [
         ([0, 4], [0, 0], [1, 1], [0, 1], [0, 0], r"request 1: req_pool_indices is 4"),
         ([0, 1], [0, 2], [1, 1], [0, 1], [0, 0], r"request 1: seq_lens \(1\) < prefix_lens \(2\)"),
-        ([0, 1], [0, 0], [1, 2], [0, 1], [0, 0], r"request 1: out_cache_offsets slice \[1, 3\) is outside"),
+        ([0, 1], [0, 0], [1, 2], [0, 1], [0, 0], r"request 1: out_cache_offsets is 1 with 2 new tokens, outside"),
         ([0, 1], [0, 1], [1, 1], [0, 1], [0, 0], r"request 1: prefix_pointers is null"),
     ],
 )

@@ -576,8 +576,7 @@ def test_stage_into_cpu_mismatch_errors():
 
 
 def test_device_strings_are_each_parsed_for_what_they_say():
-    """The last device string parsed is remembered; each call must still get its own string's device,
-    and a bad string must raise without spoiling the next call."""
+    """Each call gets its own string's device, and a bad string raises without spoiling the next call."""
     cpu_text = "".join(["c", "p", "u"])  # a str object of its own, not the interned literal
     for device in ("cpu", cpu_text, "cpu", torch.device("cpu")):
         got = pinstage.stage_to_device([1, 2], torch.int64, device=device)
@@ -594,8 +593,7 @@ def test_device_strings_are_each_parsed_for_what_they_say():
 
 
 def test_a_device_string_whose_release_stages_does_not_confuse_the_next_call():
-    """A str subclass whose __del__ stages (re-entering the device parser) must not leave a string
-    paired with another string's device."""
+    """A str subclass whose __del__ stages (re-entering the device parser) must not confuse later calls."""
 
     class Reentrant(str):
         def __del__(self):
