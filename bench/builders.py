@@ -38,7 +38,7 @@ from pinstage.builders import (  # noqa: E402
 from pinstage.builders._backend import stage  # noqa: E402
 from pinstage.builders.cache import stage_cache_index_plan_lists  # noqa: E402
 from pinstage.builders.decode import decode_input_items, last_token_ids  # noqa: E402
-from pinstage.builders.logits import logprob_index_values  # noqa: E402
+from pinstage.builders.logits import logprob_index_arrays  # noqa: E402
 from pinstage.builders.sampling import stage_sampling_items  # noqa: E402
 from pinstage import _C  # noqa: E402
 
@@ -115,7 +115,7 @@ def builder_calls(rng, bs, device):
         ),
         "logits": (
             lambda b: build_logprob_indices(lens, starts, backend=b, device=device),
-            lambda: stage([(v, torch.int64) for v in logprob_index_values(lens, starts)], "pinstage", None, device),
+            lambda: stage([(v, torch.int64) for v in logprob_index_arrays(lens, starts)], "pinstage", None, device),
         ),
         "cache": (lambda b: write_cache_indices(*cache_args, backend=b), cache_with_python_plan),
     }

@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 from builders_support import (
@@ -6,11 +7,10 @@ from builders_support import (
 )
 
 from pinstage.builders import build_logprob_indices
-from pinstage.builders.logits import _NUMPY_FROM_BATCH_SIZE
 
 
 def reference(lens, starts):
-    """SGLang's per-request loop, element by element: the oracle."""
+    """SGLang's LogitsProcessor loop (and LogitsMetadata's pruned lens), element by element: the oracle."""
     sample, input_logprob, pruned_lens, rows = [], [], [], []
     sample_pt, logprob_pt, row_pt = -1, 0, 0
     for start, n in zip(starts, lens):
@@ -21,7 +21,7 @@ def reference(lens, starts):
         sample.append(sample_pt)
         input_logprob.extend(logprob_pt + i for i in range(n - start))
         logprob_pt += n - kept_from
-        pruned_lens.append(n - kept_from)
+        pruned_lens.append(n - start)
     return [torch.tensor(v, dtype=torch.int64) for v in (sample, input_logprob, pruned_lens, rows)]
 
 
@@ -44,12 +44,11 @@ def test_worked_example(device):
     got = build_logprob_indices([4, 5, 6], [0, 5, 3], device=device)
     assert got.sample_indices.tolist() == [3, 4, 7]
     assert got.input_logprob_indices.tolist() == [0, 1, 2, 3, 5, 6, 7]
-    assert got.pruned_lens.tolist() == [4, 1, 3]
+    assert got.pruned_lens.tolist() == [4, 0, 3]
     assert got.pruned_row_indices.tolist() == [0, 1, 2, 3, 8, 12, 13, 14]
 
 
-# Both sides of the switch between the list and the numpy computation.
-SIZES = sorted(set(BATCH_SIZES + [_NUMPY_FROM_BATCH_SIZE - 1, _NUMPY_FROM_BATCH_SIZE]))
+SIZES = BATCH_SIZES
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -63,14 +62,34 @@ def test_logprob_indices_equal_across_backends_and_reference(rng, device, bs):
     check_against_reference(results["pinstage"], lens, starts)
 
 
-@pytest.mark.parametrize("bs", [1, _NUMPY_FROM_BATCH_SIZE])
+@pytest.mark.parametrize("bs", [1, 2, 7, 64, 300])
+def test_pruned_lens_count_the_input_logprob_rows(rng, bs):
+    """Upstream expands per-request values over the input-logprob rows by pruned_lens: the two must
+    agree in every batch, sample-only requests (start == length) included."""
+    for _ in range(20):
+        lens, starts = random_batch(rng, bs)
+        got = build_logprob_indices(lens, starts, device="cpu")
+        assert int(got.pruned_lens.sum()) == got.input_logprob_indices.numel()
+        assert got.pruned_row_indices.numel() == int(got.sample_indices[-1]) + 1
+        assert got.pruned_lens.tolist() == [n - s for n, s in zip(lens, starts)]
+
+
+def test_numpy_lengths_equal_lists(rng):
+    lens, starts = random_batch(rng, 50)
+    want = build_logprob_indices(lens, starts, device="cpu")
+    for dtype in (np.int64, np.int32):
+        got = build_logprob_indices(np.array(lens, dtype=dtype), np.array(starts, dtype=dtype), device="cpu")
+        assert_fields_equal(got, want)
+
+
+@pytest.mark.parametrize("bs", [1, 40])
 def test_edge_starts(bs):
     lens = [1] * bs
     check_against_reference(build_logprob_indices(lens, [1] * bs, device="cpu"), lens, [1] * bs)
     check_against_reference(build_logprob_indices(lens, [0] * bs, device="cpu"), lens, [0] * bs)
 
 
-@pytest.mark.parametrize("bs", [3, _NUMPY_FROM_BATCH_SIZE + 3])
+@pytest.mark.parametrize("bs", [3, 40])
 @pytest.mark.parametrize(
     "n, start, error, message",
     [

@@ -14,11 +14,10 @@ from builders_support import (
 import pinstage
 from pinstage import _C
 from pinstage.builders import (
-    BACKENDS, DEFAULT_SAMPLING_SEED, TOP_K_ALL, Request, SamplingParams, build_decode_inputs, build_logprob_indices,
+    BACKENDS, DEFAULT_SAMPLING_SEED, TOP_K_ALL, Request, SamplingParams, build_decode_inputs,
     build_penalty_last_token_ids, build_sampling_batch,
 )
 from pinstage.builders.decode import decode_input_items, last_token_ids
-from pinstage.builders.logits import logprob_index_values
 from pinstage.builders.sampling import sampling_items
 
 
@@ -34,12 +33,6 @@ def random_params(rng, bs):
         )
         for _ in range(bs)
     ]
-
-
-def random_logprob_batch(rng, bs):
-    lens = [rng.randint(1, 40) for _ in range(bs)]
-    starts = [rng.choice([n, 0, rng.randint(0, n)]) for n in lens]
-    return lens, starts
 
 
 def reference_tensors(values_and_dtypes):
@@ -99,18 +92,6 @@ def test_sampling_flags_cover_each_case():
     assert flags(min_p=0.1) == (False, False, False, True)
     all_greedy = _C._stage_sampling_batch([SamplingParams(temperature=0.0)] * 2, False, TOP_K_ALL, 42, None, "cpu")
     assert tuple(all_greedy[1:]) == (True, False, True, False)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("bs", BATCH_SIZES)
-def test_logprob_indices_equal_python_computation(rng, device, bs):
-    lens, starts = random_logprob_batch(rng, bs)
-    for as_seq in (list, tuple):
-        staged = _C._stage_logprob_indices(as_seq(lens), as_seq(starts), None, device)
-        assert staged is not None, "lists of ints must take the native computation"
-        finish(device)
-        expected = reference_tensors([(v, torch.int64) for v in logprob_index_values(lens, starts)])
-        assert_tensors_equal(staged, expected, device)
 
 
 class PropertyRequest:
@@ -305,7 +286,6 @@ def test_list_subclasses_are_declined():
     assert build_penalty_last_token_ids(requests, device="cpu").tolist() == [2, 1]
     tokens = Reversed([5, 6])
     assert _C._stage_last_token_ids([Request([1], tokens)], None, "cpu") is None
-    assert _C._stage_logprob_indices(Reversed([3, 4]), [0, 0], None, "cpu") is None
 
 
 def test_a_class_changed_by_a_getter_is_looked_up_again():
@@ -383,22 +363,6 @@ def test_invalid_params_make_the_gather_decline(field, bad):
         build_sampling_batch([SamplingParams(), p], device="cpu")
 
 
-@pytest.mark.parametrize(
-    "lens, starts",
-    [([3, 0], [0, 0]), ([3, 4], [0, 5]), ([3, 4], [0, -1]), ([3, 4.0], [0, 0]), ([3, True], [0, 0]),
-     ([3, np.int64(4)], [0, 0]), ([3, 4], [0])],
-)
-def test_logprob_indices_decline_anything_but_valid_int_lists(lens, starts):
-    assert _C._stage_logprob_indices(lens, starts, None, "cpu") is None
-
-
-def test_numpy_lengths_still_stage_what_python_gives():
-    lens, starts = [3, np.int64(4)], [0, 4]
-    got = build_logprob_indices(lens, starts, device="cpu")
-    want = build_logprob_indices(lens, starts, backend="blocking", device="cpu")
-    assert_fields_equal(got, want)
-
-
 # ---------------------------------------------------------------------------------------------
 # On the GPU
 
@@ -407,7 +371,6 @@ NATIVE_CALLS = {
     "penalty": lambda rng: [_C._stage_last_token_ids(random_requests(rng, 64), None, None)],
     # (tensors, flags...): the tensors
     "sampling": lambda rng: _C._stage_sampling_batch(random_params(rng, 64), True, TOP_K_ALL, 42, None, None)[0],
-    "logits": lambda rng: _C._stage_logprob_indices(*random_logprob_batch(rng, 64), None, None),
 }
 
 

@@ -28,7 +28,6 @@ py::object decode_inputs(PyObject* const* a) { return stage_decode_inputs(a[0], 
 py::object sampling_batch(PyObject* const* a) {
   return stage_sampling_batch(a[0], truth(a[1]), as_int64(a[2]), as_int64(a[3]), a[4], a[5]);
 }
-py::object logprob_indices(PyObject* const* a) { return stage_logprob_indices(a[0], a[1], a[2], a[3]); }
 
 py::object last_token_passes_counts(PyObject* const*) {
   const LastTokenPasses& p = last_token_passes();
@@ -38,7 +37,6 @@ py::object last_token_passes_counts(PyObject* const*) {
 constexpr char kLastTokenIds[] = "_stage_last_token_ids";
 constexpr char kDecodeInputs[] = "_stage_decode_inputs";
 constexpr char kSamplingBatch[] = "_stage_sampling_batch";
-constexpr char kLogprobIndices[] = "_stage_logprob_indices";
 constexpr char kPassCounts[] = "_last_token_pass_counts";
 
 // `Body` with exactly `N` positional arguments, its C++ exceptions set as Python errors.
@@ -68,8 +66,6 @@ PyMethodDef kBuilderMethods[] = {
         "_stage_decode_inputs(requests, stream, device) -> [input_ids, seq_lens, req_pool_indices] | None"),
     method<sampling_batch, 6, kSamplingBatch>(
         "_stage_sampling_batch(params, with_seeds, top_k_all, default_seed, stream, device) -> tuple | None"),
-    method<logprob_indices, 4, kLogprobIndices>(
-        "_stage_logprob_indices(extend_seq_lens, extend_logprob_start_lens, stream, device) -> list | None"),
     method<last_token_passes_counts, 0, kPassCounts>(
         "_last_token_pass_counts() -> (grouped, one_by_one): batches _stage_last_token_ids finished with each "
         "pass (for tests)"),

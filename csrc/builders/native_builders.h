@@ -31,10 +31,6 @@ pybind11::object stage_decode_inputs(pybind11::handle requests, pybind11::handle
 pybind11::object stage_sampling_batch(pybind11::handle params, bool with_seeds, int64_t top_k_all,
                                       int64_t default_seed, pybind11::handle stream, pybind11::handle device);
 
-// [sample_indices, input_logprob_indices, pruned_lens, pruned_row_indices] from lists of ints.
-pybind11::object stage_logprob_indices(pybind11::handle extend_seq_lens, pybind11::handle extend_logprob_start_lens,
-                                       pybind11::handle stream, pybind11::handle device);
-
 // Adds the gathers above to the extension module as private functions (_stage_*), positional only.
 void bind_native_builders(pybind11::module_& m);
 
