@@ -39,7 +39,7 @@ def _want_cuda():
 
 def _extension():
     with_cuda = _want_cuda()
-    cpp = sorted(glob.glob(os.path.join("csrc", "*.cpp")) + glob.glob(os.path.join("csrc", "builders", "*.cpp")))
+    cpp = sorted(glob.glob(os.path.join("csrc", "*.cpp")) + glob.glob(os.path.join("csrc", "kernels", "*.cpp")))
     # The C++ standard is the one torch requires (it adds the flag); -g0 drops the debug info that
     # Python's own CFLAGS ask for, which doubles compile time on torch's headers.
     cxx_flags = ["-O3", "-g0"]
@@ -51,7 +51,7 @@ def _extension():
         # torch would guess from a GPU it cannot see; Ampere and Hopper cover the engines' fleets,
         # and the PTX lets newer GPUs JIT the (tiny) kernels.
         os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0+PTX"
-    cu = sorted(glob.glob(os.path.join("csrc", "*.cu")))
+    cu = sorted(glob.glob(os.path.join("csrc", "kernels", "*.cu")))
     return cpp_extension.CUDAExtension(
         "pinstage._C",
         cpp + cu,

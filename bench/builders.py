@@ -1,48 +1,46 @@
-"""Host time per builder call for the three backends (pinstage, pinned, blocking).
+#!/usr/bin/env python3
+"""Host time per builder call: pinstage on batch state, pinstage on a list of requests, and the
+pinned and blocking patterns engines use today, on the same requests in the same process.
 
     python bench/builders.py [--json out.json] [--sizes 1,8,64,256,1024] [--repeats 15]
 
-Each builder is called on the same request data with each backend; a timed sample is a loop of calls
-sized to about --sample-ms, after a warm-up, the methods take their samples in turn (round-robin),
-and the median of --repeats samples is reported in
-microseconds per call, with ratio columns pinned/pinstage and blocking/pinstage. A fourth column,
-"py-gather", is the pinstage backend's staging fed by the Python gather that "pinned" and "blocking"
-use (one stage_many): it splits the gain between staging and the native gather. The GPU is idle
-(no busy kernel), so "blocking" shows its conversion cost but not the wait it adds under overlap.
-Without a GPU it runs on the CPU (device="cpu"), where "pinned" is a plain torch.tensor and the
-ratios say nothing about staging; the output says so.
+Each builder is timed on fixed data; a sample is a loop of calls sized to about --sample-ms, after
+a warm-up; the methods take their samples in turn (round-robin, so that a drift of the machine's
+speed reaches all alike) and the median of --repeats samples is reported in microseconds per call.
+The GPU is idle (no busy kernel): "blocking" shows its conversion cost but not the wait it adds
+under overlap. Without a GPU it runs on the CPU (device="cpu"), where "pinned" is a plain
+torch.tensor and the ratios say nothing about staging; the output says so.
 """
 import argparse
-import datetime
-import json
 import os
-import platform
 import random
-import statistics
 import sys
 
+import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 
+import _report  # noqa: E402
+import _timing  # noqa: E402
 from pinstage.builders import (  # noqa: E402
-    BACKENDS,
-    Request,
-    SamplingParams,
-    build_decode_inputs,
-    build_logprob_indices,
-    build_penalty_last_token_ids,
-    build_sampling_batch,
-    write_cache_indices,
+    BatchState, Request, SamplingParams, build_decode_inputs, build_logprob_indices, build_penalty_last_token_ids,
+    build_sampling_batch, write_cache_indices,
 )
-from pinstage.builders._backend import stage  # noqa: E402
-from pinstage.builders.cache import stage_cache_index_plan_lists  # noqa: E402
-from pinstage.builders.decode import decode_input_items, last_token_ids  # noqa: E402
-from pinstage.builders.logits import logprob_index_arrays  # noqa: E402
-from pinstage.builders.sampling import stage_sampling_items  # noqa: E402
-from pinstage import _C  # noqa: E402
 
-import _timing  # noqa: E402  (bench/, on sys.path as the script's folder)
+METHODS = ["batch_state", "list", "pinned", "blocking"]
+METHOD_TITLES = {
+    "batch_state": "pinstage, batch state",
+    "list": "pinstage, list of requests",
+    "pinned": "pinned + non_blocking",
+    "blocking": "blocking torch.tensor",
+}
+# Checks (ratios within one run, on a GPU).
+STATE_OVER_PINNED_AT_256 = 1 / 10
+STATE_1024_OVER_1 = 2.0
+PINNED_OVER_LIST_AT_256 = 2.0
 
 
 def decode_requests(rng, bs):
@@ -51,22 +49,17 @@ def decode_requests(rng, bs):
             [rng.randrange(1 << 17) for _ in range(rng.randint(16, 64))],
             [rng.randrange(1 << 17) for _ in range(rng.randint(1, 32))],
             req_pool_idx=i,
+            # A few distinct settings per batch, as requests from a handful of client configurations give.
+            sampling_params=SamplingParams(
+                temperature=rng.choice([0.7, 1.0]),
+                top_p=rng.choice([0.9, 1.0]),
+                top_k=rng.choice([-1, 40]),
+                min_p=rng.choice([0.0, 0.05]),
+                sampling_seed=rng.choice([None, 1234]),
+                frequency_penalty=rng.choice([0.0, 0.5]),
+            ),
         )
         for i in range(bs)
-    ]
-
-
-def sampling_params(rng, bs):
-    # A few distinct settings per batch, as requests from a handful of client configurations give.
-    return [
-        SamplingParams(
-            temperature=rng.choice([0.7, 1.0]),
-            top_p=rng.choice([0.9, 1.0]),
-            top_k=rng.choice([-1, 40]),
-            min_p=rng.choice([0.0, 0.05]),
-            sampling_seed=rng.choice([None, 1234]),
-        )
-        for _ in range(bs)
     ]
 
 
@@ -89,56 +82,84 @@ def cache_batch(rng, bs, device):
 
 
 def builder_calls(rng, bs, device):
-    """name -> (function(backend) making one builder call on fixed data, function() doing the same
-    work with the Python gather staged by pinstage.stage_many)."""
+    """builder -> {method: call} on fixed data (a method a builder does not have is left out)."""
     requests = decode_requests(rng, bs)
-    params = sampling_params(rng, bs)
+    params = [r.sampling_params for r in requests]
+    state = BatchState(capacity=bs)
+    for r in requests:
+        state.add(r)
     lens, starts = logprob_batch(rng, bs)
+    lens_np, starts_np = np.array(lens), np.array(starts)
     cache_args = cache_batch(rng, bs, device)
 
-    def cache_with_python_plan():
-        rows, prefixes, lengths, offsets, pointers = stage_cache_index_plan_lists(*cache_args, "pinstage", None)
-        _C.write_cache_indices(cache_args[0], rows, pointers, prefixes, lengths, offsets, cache_args[-1], None)
+    def by_backend(fn):
+        return {"list": lambda: fn("pinstage"), "pinned": lambda: fn("pinned"), "blocking": lambda: fn("blocking")}
 
     return {
-        "decode_inputs": (
-            lambda b: build_decode_inputs(requests, backend=b, device=device),
-            lambda: stage(decode_input_items(requests), "pinstage", None, device),
+        "decode_inputs": dict(
+            batch_state=lambda: state.decode_inputs(device=device),
+            **by_backend(lambda b: build_decode_inputs(requests, backend=b, device=device)),
         ),
-        "penalty_last_token_ids": (
-            lambda b: build_penalty_last_token_ids(requests, backend=b, device=device),
-            lambda: stage([(last_token_ids(requests), torch.int64)], "pinstage", None, device),
+        "penalty_last_token_ids": dict(
+            batch_state=lambda: state.penalty_last_token_ids(device=device),
+            **by_backend(lambda b: build_penalty_last_token_ids(requests, backend=b, device=device)),
         ),
-        "sampling": (
-            lambda b: build_sampling_batch(params, enable_deterministic_sampling=True, backend=b, device=device),
-            lambda: stage_sampling_items(params, True, "pinstage", None, device),
+        "sampling": dict(
+            batch_state=lambda: state.sampling_batch(enable_deterministic_sampling=True, device=device),
+            **by_backend(lambda b: build_sampling_batch(params, enable_deterministic_sampling=True, backend=b,
+                                                        device=device)),
         ),
-        "logits": (
-            lambda b: build_logprob_indices(lens, starts, backend=b, device=device),
-            lambda: stage([(v, torch.int64) for v in logprob_index_arrays(lens, starts)], "pinstage", None, device),
+        "logits": dict(
+            batch_state=lambda: build_logprob_indices(lens_np, starts_np, device=device),
+            **by_backend(lambda b: build_logprob_indices(lens, starts, backend=b, device=device)),
         ),
-        "cache": (lambda b: write_cache_indices(*cache_args, backend=b), cache_with_python_plan),
+        "write_cache_indices": by_backend(lambda b: write_cache_indices(*cache_args, backend=b)),
     }
 
 
-def median_call_us(calls, repeats, sample_ms):
-    """name -> call: median microseconds per call of each, over `repeats` samples taken in turn (one
-    sample of each call per round), so that drifts in the machine's speed reach every call alike."""
+def measure(calls, repeats, sample_ms):
+    """name -> call: per-call microsecond samples of each, taken in turn (one of each per round)."""
     loops = {}
     for name, call in calls.items():
         for _ in range(3):
             call()
         loops[name] = _timing.calls_for_duration(_timing.estimate_call_ns(call, 100_000), sample_ms * 1e6)
     samples = {name: [] for name in calls}
-    for _ in range(repeats):
-        for name, call in calls.items():
-            samples[name].append(_timing.loop_ns(call, loops[name]) / loops[name] / 1e3)
-    return {name: statistics.median(s) for name, s in samples.items()}
+    with _timing.GcPaused():
+        for _ in range(repeats):
+            for name, call in calls.items():
+                samples[name].append(_timing.loop_ns(call, loops[name]) / loops[name])
+    return {name: _timing.summarize_ns(s) for name, s in samples.items()}
+
+
+def checks(rows, on_gpu):
+    """The checks of the builders' figures, as (what, measured, need, ok)."""
+    if not on_gpu:
+        return []
+    by = {(r["builder"], r["bs"]): r for r in rows}
+    out = []
+    for builder in sorted({r["builder"] for r in rows}):
+        r256 = by.get((builder, 256))
+        if r256 is None:
+            continue
+        if "batch_state" in r256["us"]:
+            ratio = r256["us"]["batch_state"] / r256["us"]["pinned"]
+            out.append(_report.check(f"{builder} bs 256: batch state / pinned host time", ratio,
+                                     f"<= {STATE_OVER_PINNED_AT_256:.2f}", ratio <= STATE_OVER_PINNED_AT_256))
+            r1, r1024 = by.get((builder, 1)), by.get((builder, 1024))
+            if r1 and r1024:
+                growth = r1024["us"]["batch_state"] / r1["us"]["batch_state"]
+                out.append(_report.check(f"{builder}: batch state bs 1024 / bs 1", growth,
+                                         f"<= {STATE_1024_OVER_1:g}", growth <= STATE_1024_OVER_1))
+        ratio = r256["us"]["pinned"] / r256["us"]["list"]
+        out.append(_report.check(f"{builder} bs 256: pinned / list-of-requests host time", ratio,
+                                 f">= {PINNED_OVER_LIST_AT_256:g}", ratio >= PINNED_OVER_LIST_AT_256))
+    return out
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--json", help="write the results here (and a PNG plot beside it)")
     parser.add_argument("--sizes", default="1,8,64,256,1024")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--sample-ms", type=float, default=5.0)
@@ -146,45 +167,40 @@ def main():
 
     on_gpu = torch.cuda.is_available()
     device = "cuda" if on_gpu else "cpu"
-    where = torch.cuda.get_device_name() if on_gpu else f"CPU ({platform.processor() or platform.machine()})"
-    print(f"builders host time, device={device}: {where}; torch {torch.__version__}")
+    meta = _report.machine_meta()
+    print(f"Builders: host microseconds per call on {meta['gpu'] or meta['cpu']} (device={device}, torch "
+          f"{meta['torch']}), median of {args.repeats} samples, min-max in brackets")
     if not on_gpu:
-        print("NOTE: no GPU, so this ran on the CPU; 'pinned' is plain torch.tensor here and the ratios do "
-              "not measure staging. Run on a GPU for the numbers that count.")
+        print("No GPU: this ran on the CPU, where 'pinned' is a plain torch.tensor; the ratios do not measure "
+              "staging. Run on a GPU for the figures that count.")
 
     rows = []
-    for bs in (int(s) for s in args.sizes.split(",")):
-        calls = builder_calls(random.Random(bs), bs, device)
-        for name, (call, python_gather_call) in calls.items():
-            methods = {b: (lambda b=b: call(b)) for b in BACKENDS}
-            methods["py_gather"] = python_gather_call
-            us = median_call_us(methods, args.repeats, args.sample_ms)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    for bs in sizes:
+        for builder, calls in builder_calls(random.Random(bs), bs, device).items():
+            stats = measure(calls, args.repeats, args.sample_ms)
             if on_gpu:
                 torch.cuda.synchronize()
-            rows.append(dict(builder=name, bs=bs, **{f"{b}_us": us[b] for b in us},
-                             pinned_over_pinstage=us["pinned"] / us["pinstage"],
-                             blocking_over_pinstage=us["blocking"] / us["pinstage"],
-                             pinned_over_py_gather=us["pinned"] / us["py_gather"]))
+            rows.append(dict(builder=builder, bs=bs, us={m: s["median_us"] for m, s in stats.items()},
+                             spread={m: [s["min_us"], s["max_us"]] for m, s in stats.items()}))
+            print(f"  measured {builder} bs {bs}", file=sys.stderr, flush=True)
 
-    header = (f"{'builder':<24}{'bs':>6}{'pinstage us':>13}{'py-gather us':>14}{'pinned us':>11}{'blocking us':>13}"
-              f"{'pinned/ps':>11}{'blocking/ps':>13}{'pinned/py-g':>13}")
-    print(header)
-    print("-" * len(header))
+    table = [["builder", "bs"] + [METHOD_TITLES[m] for m in METHODS] + ["pinned / batch state", "pinned / list"]]
     for r in rows:
-        print(f"{r['builder']:<24}{r['bs']:>6}{r['pinstage_us']:>13.1f}{r['py_gather_us']:>14.1f}{r['pinned_us']:>11.1f}"
-              f"{r['blocking_us']:>13.1f}{r['pinned_over_pinstage']:>11.2f}{r['blocking_over_pinstage']:>13.2f}"
-              f"{r['pinned_over_py_gather']:>13.2f}")
-
+        us = r["us"]
+        cells = [_report.fmt_us(us[m], r["spread"][m]) if m in us else "-" for m in METHODS]
+        ratios = [_report.fmt_ratio(us["pinned"] / us[m]) if m in us else "-" for m in ("batch_state", "list")]
+        table.append([r["builder"], r["bs"]] + cells + ratios)
+    _report.print_table(table)
+    print("(batch state: BatchState's per-step builders, one stage_many of numpy column slices; list of requests: "
+          "the same builders over Request objects, a Python gather plus one stage_many; logits takes numpy "
+          "lengths in the batch-state column)")
+    found = checks(rows, on_gpu)
+    _report.print_checks(found)
     if args.json:
-        report = dict(
-            date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            command=" ".join([os.path.basename(sys.executable)] + sys.argv),
-            device=device, device_name=where, torch=torch.__version__, python=platform.python_version(),
-            repeats=args.repeats, sample_ms=args.sample_ms, results=rows,
-        )
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-        print(f"wrote {args.json}")
+        _report.write_json(args.json, dict(meta=meta, device=device, repeats=args.repeats, sample_ms=args.sample_ms,
+                                           methods=METHOD_TITLES, results=rows, checks=found))
+        _report.plot_builders(os.path.splitext(args.json)[0] + ".png", rows, METHODS, METHOD_TITLES, meta)
 
 
 if __name__ == "__main__":

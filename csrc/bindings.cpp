@@ -5,14 +5,13 @@
 #include <string>
 
 #include "fastcall.h"
+#include "buffer_source.h"
+#include "kernels/cache_index_plan.h"
 #include "item_plan.h"
 #include "stage.h"
 #include "staging_options.h"
 #include "staging_registry.h"
 #include "target.h"
-
-#include "builders/native_builders.h"
-#include "cache_indices.h"
 
 #ifdef PINSTAGE_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -163,7 +162,19 @@ PYBIND11_MODULE(_C, m) {
         py::arg("device") = py::none(),
         "configure(*, ring_bytes=None, on_full=None, device=None): ring size in bytes and what to do when the\n"
         "ring is full (\"overflow\" | \"wait\" | \"error\"), for one device or (device=None) all");
+  m.def(
+      "_target_device",
+      [](py::handle stream, py::handle device) {
+        const Target t = resolve_target(stream.ptr(), device.ptr());
+        return t.cuda ? c10::Device(c10::kCUDA, t.index) : c10::Device(c10::kCPU);
+      },
+      py::arg("stream"), py::arg("device"),
+      "The device staging with these arguments targets: the stream's, else device, else the current CUDA "
+      "device, else the CPU");
   m.def("_set_fallback", [](py::handle fn) { set_fallback(fn.ptr()); });
+  m.def("_register_buffer_types", [](py::handle ndarray, py::handle generic, py::handle array) {
+    register_buffer_types(ndarray.ptr(), generic.ptr(), array.ptr());
+  });
   m.def("_built_with_cuda", []() {
 #ifdef PINSTAGE_WITH_CUDA
     return true;
@@ -172,6 +183,5 @@ PYBIND11_MODULE(_C, m) {
 #endif
   });
   bind_ring_allocator_for_tests(m);
-  bind_cache_indices(m);
-  builders::bind_native_builders(m);
+  bind_cache_index_plan(m);
 }

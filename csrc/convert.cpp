@@ -40,15 +40,7 @@ bool write_range(PyObject* r, int64_t n, T* out) {
   const long double last = static_cast<long double>(start) + static_cast<long double>(step) * (n - 1);
   if (last > 9.2e18L || last < -9.2e18L) return false;
   for (int64_t i = 0; i < n; ++i) {
-    const long long v = start + step * i;
-    if constexpr (std::is_same_v<T, bool>) {
-      out[i] = v != 0;
-    } else if constexpr (std::is_integral_v<T>) {
-      if (!int_fits<T>(v)) return false;
-      out[i] = static_cast<T>(v);
-    } else {
-      out[i] = c10::convert<T, double>(static_cast<double>(v));
-    }
+    if (!store_int<T>(start + step * i, out + i)) return false;
   }
   return true;
 }

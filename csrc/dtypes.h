@@ -6,6 +6,7 @@
 #include <c10/util/Half.h>
 
 #include <cstdint>
+#include <string>
 
 namespace pinstage {
 
@@ -27,6 +28,26 @@ inline bool is_supported_dtype(c10::ScalarType t) {
       return true;
     default:
       return false;
+  }
+}
+
+// The name Python users know a dtype by ("torch.int32", not c10's "Int"), for error messages.
+inline std::string dtype_name(c10::ScalarType t) {
+  switch (t) {
+    case c10::ScalarType::Bool: return "torch.bool";
+    case c10::ScalarType::Byte: return "torch.uint8";
+    case c10::ScalarType::Char: return "torch.int8";
+    case c10::ScalarType::Short: return "torch.int16";
+    case c10::ScalarType::Int: return "torch.int32";
+    case c10::ScalarType::Long: return "torch.int64";
+    case c10::ScalarType::UInt16: return "torch.uint16";
+    case c10::ScalarType::UInt32: return "torch.uint32";
+    case c10::ScalarType::UInt64: return "torch.uint64";
+    case c10::ScalarType::Half: return "torch.float16";
+    case c10::ScalarType::BFloat16: return "torch.bfloat16";
+    case c10::ScalarType::Float: return "torch.float32";
+    case c10::ScalarType::Double: return "torch.float64";
+    default: return std::string("torch dtype ") + c10::toString(t);
   }
 }
 

@@ -1,8 +1,10 @@
 #include "item_plan.h"
 
-#include <torch/csrc/Dtype.h>
 #include <ATen/ops/empty.h>
-#include <torch/csrc/autograd/python_variable.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <cstring>
 
@@ -33,6 +35,47 @@ at::Tensor call_fallback(PyObject* data, c10::ScalarType dtype) {
   return t.contiguous();
 }
 
+// The data changed size between planning and writing: Python code run in between (an element's
+// __index__, another item's conversion, another thread) resized it.
+[[noreturn]] void data_changed(const ItemPlan& plan, c10::IntArrayRef now) {
+  TORCH_CHECK(false, "pinstage: the data changed while it was being staged: its shape was ",
+              c10::IntArrayRef(plan.shape), " when the call began and is ", now,
+              " now (Python code run during the conversion modified it); nothing was staged");
+}
+
+// Converts by torch.tensor and copies the result: for whatever the fast paths decline.
+void write_fallback(ItemPlan& plan, void* dst) {
+  at::Tensor host = call_fallback(plan.data, plan.dtype);
+  if (host.sizes() != c10::IntArrayRef(plan.shape)) data_changed(plan, host.sizes());
+  plan.tensor = std::move(host);
+  plan.source = ItemPlan::Source::kHost;
+  plan.via_fallback = true;
+  if (plan.nbytes > 0) std::memcpy(dst, plan.tensor.data_ptr(), plan.nbytes);
+}
+
+// torch.tensor(t, dtype=...) is t.detach().to(dtype, copy=True): torch's copy kernel, which also
+// gathers a strided tensor. The tensor is checked again first: Python code may have run since it
+// was planned.
+void write_tensor(const ItemPlan& plan, void* dst) {
+  const at::Tensor& t = plan.tensor;
+  if (!t.device().is_cpu() || t.sizes() != c10::IntArrayRef(plan.shape)) data_changed(plan, t.sizes());
+  if (plan.nbytes == 0) return;
+  if (t.scalar_type() == plan.dtype && t.is_contiguous() && !t.is_neg() && !t.is_conj()) {
+    std::memcpy(dst, t.const_data_ptr(), plan.nbytes);
+    return;
+  }
+  c10::impl::ExcludeDispatchKeyGuard no_python(
+      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+  at::AutoDispatchBelowAutograd no_autograd;
+  at::from_blob(dst, plan.shape, at::TensorOptions().dtype(plan.dtype)).copy_(t);
+}
+
+// torch.tensor reads a numpy scalar as the Python number it stands for: a scalar of the requested
+// dtype keeps its bytes, except numpy's uint64, which torch refuses ("an integer is required").
+bool numpy_scalar_copies_exactly(c10::ScalarType element_type, c10::ScalarType dtype) {
+  return element_type == dtype && dtype != c10::ScalarType::UInt64;
+}
+
 }  // namespace
 
 size_t checked_nbytes(c10::IntArrayRef shape, c10::ScalarType dtype, int64_t* numel) {
@@ -41,8 +84,8 @@ size_t checked_nbytes(c10::IntArrayRef shape, c10::ScalarType dtype, int64_t* nu
   bool overflow = false;
   for (int64_t s : shape) overflow |= __builtin_mul_overflow(n, s, &n);
   overflow |= __builtin_mul_overflow(n, static_cast<int64_t>(c10::elementSize(dtype)), &bytes);
-  TORCH_CHECK(!overflow, "pinstage: storage size calculation overflowed: shape ", shape, " of ",
-              c10::toString(dtype), " is more than 2**63 - 1 bytes");
+  TORCH_CHECK(!overflow, "pinstage: storage size calculation overflowed: shape ", shape, " of ", dtype_name(dtype),
+              " is more than 2**63 - 1 bytes");
   *numel = n;
   return static_cast<size_t>(bytes);
 }
@@ -63,52 +106,61 @@ void set_fallback(PyObject* fn) {
 }
 
 ItemPlan plan_item(PyObject* data, c10::ScalarType dtype) {
+  using Source = ItemPlan::Source;
   ItemPlan plan;
   plan.data = data;
   plan.dtype = dtype;
-  // The fast shape test first: it is a few pointer compares, while THPVariable_Check of a list
-  // goes through isinstance.
+  // The fast shape test first: it is a few pointer compares.
   if (infer_fast_shape(data, &plan.shape)) {
-    plan.fast = true;
+    plan.source = Source::kPython;
   } else if (is_tensor(data)) {
-    const at::Tensor& t = THPVariable_Unpack(data);
-    TORCH_CHECK_TYPE(t.device().is_cpu(), "pinstage: data is a tensor on ", t.device().str(),
+    plan.tensor = THPVariable_Unpack(data);
+    TORCH_CHECK_TYPE(plan.tensor.device().is_cpu(), "pinstage: data is a tensor on ", plan.tensor.device().str(),
                      "; pinstage stages host data (for device tensors use tensor.to(device, non_blocking=True))");
-    // torch.tensor(t, dtype=...) copies and detaches; .to(copy=true) does the same, and
-    // contiguous() gives the row-major bytes the copy needs.
-    plan.host = t.detach().to(dtype, /*non_blocking=*/false, /*copy=*/true).contiguous();
+    TORCH_CHECK_TYPE(plan.tensor.layout() == c10::kStrided, "pinstage: data is a ", plan.tensor.layout(),
+                     " tensor; pinstage stages dense tensors (use tensor.to_dense())");
+    plan.source = Source::kTensor;
+    plan.shape.assign(plan.tensor.sizes().begin(), plan.tensor.sizes().end());
+  } else if (plan.buffer.open(data) && (plan.buffer.kind() != BufferSource::Kind::kNumpyScalar ||
+                                        numpy_scalar_copies_exactly(plan.buffer.element_type(), dtype))) {
+    plan.source = Source::kBuffer;
+    plan.shape = plan.buffer.shape();
   } else {
-    plan.host = call_fallback(data, dtype);
+    plan.buffer = BufferSource();
+    plan.tensor = call_fallback(data, dtype);
+    plan.source = Source::kHost;
     plan.via_fallback = true;
+    plan.shape.assign(plan.tensor.sizes().begin(), plan.tensor.sizes().end());
   }
-  if (!plan.fast) plan.shape.assign(plan.host.sizes().begin(), plan.host.sizes().end());
   plan.nbytes = checked_nbytes(plan.shape, dtype, &plan.numel);
   return plan;
 }
 
 bool write_item(ItemPlan& plan, void* dst) {
-  if (plan.fast) {
-    if (write_fast(plan.data, plan.shape, plan.dtype, dst)) return false;
-    plan.host = call_fallback(plan.data, plan.dtype);
-    // Both shape inferences follow first elements from a Python scalar leaf, so they agree unless
-    // Python code run since planning (an element's __index__, another thread) resized the data.
-    TORCH_CHECK(plan.host.sizes() == c10::IntArrayRef(plan.shape), "pinstage: the data changed while it was being staged: ",
-                "its shape was ", c10::IntArrayRef(plan.shape), " when the call began and is ", plan.host.sizes(),
-                " now (Python code run during the conversion modified it); nothing was staged");
-    plan.fast = false;
-    plan.via_fallback = true;
-    if (plan.nbytes > 0) std::memcpy(dst, plan.host.data_ptr(), plan.nbytes);
-    return true;
+  using Source = ItemPlan::Source;
+  switch (plan.source) {
+    case Source::kPython:
+      if (write_fast(plan.data, plan.shape, plan.dtype, dst)) return false;
+      break;
+    case Source::kBuffer:
+      if (plan.buffer.write(plan.dtype, dst)) return false;
+      break;
+    case Source::kTensor:
+      write_tensor(plan, dst);
+      return false;
+    case Source::kHost:
+      if (plan.nbytes > 0) std::memcpy(dst, plan.tensor.data_ptr(), plan.nbytes);
+      return false;
   }
-  if (plan.nbytes > 0) std::memcpy(dst, plan.host.data_ptr(), plan.nbytes);
-  return false;
+  write_fallback(plan, dst);
+  return true;
 }
 
 at::Tensor host_tensor(ItemPlan& plan) {
-  if (!plan.fast) return plan.host;
+  if (plan.source == ItemPlan::Source::kHost) return plan.tensor;
   at::Tensor out = at::empty(plan.shape, at::TensorOptions().dtype(plan.dtype));
   write_item(plan, out.data_ptr());
-  return plan.fast ? out : plan.host;
+  return plan.source == ItemPlan::Source::kHost ? plan.tensor : out;
 }
 
 }  // namespace pinstage

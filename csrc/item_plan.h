@@ -1,25 +1,34 @@
-// ItemPlan: what one (data, dtype) pair will become, decided before any ring memory is taken:
-// its shape and byte count, and whether the fast converter writes it or a host tensor made by
-// torch.tensor's own rules (the fallback) is copied.
+// ItemPlan: what one (data, dtype) pair will become, decided before any ring memory is taken: its
+// shape and byte count, and where its values come from (the fast converter, a buffer export, a CPU
+// tensor, or a host tensor made by torch.tensor's own rules: the fallback).
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <torch/csrc/utils/pybind.h>
+#include <Python.h>
 
 #include <cstdint>
 #include <vector>
 
+#include "buffer_source.h"
+
 namespace pinstage {
 
 struct ItemPlan {
+  enum class Source : uint8_t {
+    kPython,  // Python scalars, lists, tuples, range: the fast converter
+    kBuffer,  // numpy array or scalar, array.array, memoryview, bytearray: `buffer`
+    kTensor,  // a CPU tensor: `tensor`, copied (and cast) by torch's copy kernel
+    kHost,    // `tensor` holds the final values, made by the torch.tensor fallback
+  };
   PyObject* data = nullptr;  // borrowed from the caller's arguments
   c10::ScalarType dtype = c10::ScalarType::Undefined;
   std::vector<int64_t> shape;
   int64_t numel = 0;
   size_t nbytes = 0;
-  bool fast = false;
+  Source source = Source::kPython;
   bool via_fallback = false;  // converted by torch.tensor (counted in stats()["fallbacks"])
-  at::Tensor host;  // set when !fast: contiguous CPU tensor with the final values
+  at::Tensor tensor;
+  BufferSource buffer;
 };
 
 // numel(shape) and its byte count as `dtype`; RuntimeError when either exceeds int64, as torch's
@@ -29,7 +38,7 @@ size_t checked_nbytes(c10::IntArrayRef shape, c10::ScalarType dtype, int64_t* nu
 // Parses a torch.dtype argument; TypeError for anything else or for an unsupported dtype.
 c10::ScalarType parse_dtype(PyObject* dtype, const char* what);
 
-// Registers the Python function that converts what the fast path declines:
+// Registers the Python function that converts what the fast paths decline:
 // fallback(data, dtype) -> CPU tensor equal to torch.tensor(data, dtype=dtype), raising what
 // torch.tensor raises with the offending element's index named.
 void set_fallback(PyObject* fn);
@@ -37,11 +46,11 @@ void set_fallback(PyObject* fn);
 ItemPlan plan_item(PyObject* data, c10::ScalarType dtype);
 
 // Writes the plan's bytes to dst (nbytes of room; may be null when nbytes is 0, the data is then
-// only validated). Falls back to torch.tensor's conversion when the fast path declines; throws
+// only validated). Falls back to torch.tensor's conversion where the fast paths decline; throws
 // (pybind11::error_already_set) when that raises. Returns true if the fallback was used.
 bool write_item(ItemPlan& plan, void* dst);
 
-// The plan's values as a fresh CPU tensor (for results on the CPU and for stage_into's checks).
+// The plan's values as a fresh CPU tensor (for results on the CPU).
 at::Tensor host_tensor(ItemPlan& plan);
 
 }  // namespace pinstage

@@ -1,6 +1,6 @@
-// One Python scalar -> one element of a torch dtype, exactly as torch.tensor converts it, or a
-// refusal. Shared by the list converter (convert.cpp) and the builders' native gathers, so that a
-// value staged either way is the same value.
+// One number -> one element of a torch dtype, exactly as torch.tensor converts the Python number
+// with that value, or a refusal. Used for Python scalars in lists (convert.cpp) and for the elements
+// of array.array / memoryview data, which torch.tensor also reads as Python numbers.
 #pragma once
 
 #include <Python.h>
@@ -13,9 +13,9 @@
 
 namespace pinstage {
 
-// Each store_* mirrors torch's store_scalar (torch/csrc/utils/python_scalars.h) for one family of
-// dtypes, and declines (returns false) wherever torch would raise, wrap, or where the C++ cast would
-// be undefined; torch.tensor then decides those cases itself.
+// Each store_* mirrors torch's store_scalar (torch/csrc/utils/python_scalars.h) for a Python number
+// of one kind and declines (returns false) wherever torch would raise, wrap, or where the C++ cast
+// would be undefined; torch.tensor then decides those cases itself.
 
 // True when the int converts to T unchanged. Negative values into unsigned types are declined:
 // torch wraps some of them and raises for others, so it decides.
@@ -27,6 +27,52 @@ inline bool int_fits(long long v) {
   } else {
     return v >= 0 && static_cast<unsigned long long>(v) <= static_cast<unsigned long long>(Limits::max());
   }
+}
+
+// A Python int of value v (within int64).
+template <class T>
+inline bool store_int(long long v, T* out) {
+  if constexpr (std::is_same_v<T, bool>) {
+    *out = v != 0;  // torch: any nonzero integer is true
+  } else if constexpr (std::is_integral_v<T>) {
+    if (!int_fits<T>(v)) return false;
+    *out = static_cast<T>(v);
+  } else {
+    // Correctly rounded, as PyLong_AsDouble (torch's path through __float__) is; then c10's cast.
+    *out = c10::convert<T, double>(static_cast<double>(v));
+  }
+  return true;
+}
+
+// A Python float of value d.
+template <class T>
+inline bool store_double(double d, T* out) {
+  using Limits = std::numeric_limits<T>;
+  if constexpr (std::is_same_v<T, bool>) {
+    *out = d != 0.0 || std::isnan(d);  // NaN is true, as in torch
+  } else if constexpr (std::is_integral_v<T>) {
+    // torch truncates after a range check (c10::checked_convert); NaN, inf and out-of-range values
+    // raise there.
+    if (!std::isfinite(d)) return false;
+    if (d < static_cast<double>(Limits::lowest()) || d > static_cast<double>(Limits::max())) return false;
+    // torch refuses floats for uint64 ("an integer is required"); 2^63 bounds the int64 cast.
+    if constexpr (std::is_same_v<T, uint64_t>) return false;
+    if constexpr (std::is_same_v<T, int64_t>) {
+      if (d >= 9223372036854775808.0) return false;
+    }
+    *out = static_cast<T>(d);
+  } else {
+    // Same conversion torch applies (c10::convert), so half/bfloat16 rounding matches bit for bit.
+    *out = c10::convert<T, double>(d);
+  }
+  return true;
+}
+
+// A Python bool.
+template <class T>
+inline bool store_bool(bool b, T* out) {
+  *out = static_cast<T>(b ? 1 : 0);
+  return true;
 }
 
 // The value of an exact int, false when it is beyond int64. CPython 3.12+ stores ints below 2^30 in
@@ -45,89 +91,35 @@ inline bool exact_int_value(PyObject* o, long long* v) {
   return overflow == 0;
 }
 
+// A Python int beyond int64: nonzero, and a double only when one that large exists.
 template <class T>
-inline bool store_integral(PyObject* o, T* out) {
-  using Limits = std::numeric_limits<T>;
-  if (PyLong_CheckExact(o)) {
-    long long v = 0;
-    if (!exact_int_value(o, &v) || !int_fits<T>(v)) return false;  // beyond int64 or T: torch decides
-    *out = static_cast<T>(v);
+inline bool store_big_int(PyObject* o, T* out) {
+  if constexpr (std::is_same_v<T, bool>) {
+    *out = true;
     return true;
-  }
-  if (PyFloat_CheckExact(o)) {
-    const double d = PyFloat_AS_DOUBLE(o);
-    // torch truncates after a range check (c10::checked_convert); NaN, inf and out-of-range values
-    // raise there.
-    if (!std::isfinite(d)) return false;
-    if (d < static_cast<double>(Limits::lowest()) || d > static_cast<double>(Limits::max())) return false;
-    // torch refuses floats for uint64 ("an integer is required"); 2^63 bounds the int64 cast.
-    if constexpr (std::is_same_v<T, uint64_t>) return false;
-    if constexpr (std::is_same_v<T, int64_t>) {
-      if (d >= 9223372036854775808.0) return false;
-    }
-    *out = static_cast<T>(d);
-    return true;
-  }
-  if (PyBool_Check(o)) {
-    *out = static_cast<T>(o == Py_True);
-    return true;
-  }
-  return false;
-}
-
-template <class T>
-inline bool store_floating(PyObject* o, T* out) {
-  double d;
-  if (PyFloat_CheckExact(o)) {
-    d = PyFloat_AS_DOUBLE(o);
-  } else if (PyLong_CheckExact(o)) {
-    // PyLong_AsDouble rounds correctly, as torch's unpack through __float__ does; huge ints raise.
-    d = PyLong_AsDouble(o);
+  } else if constexpr (std::is_integral_v<T>) {
+    return false;  // torch wraps some (uint64 above 2^63) and raises for others: it decides
+  } else {
+    const double d = PyLong_AsDouble(o);
     if (d == -1.0 && PyErr_Occurred()) {
       PyErr_Clear();
       return false;
     }
-  } else if (PyBool_Check(o)) {
-    d = (o == Py_True) ? 1.0 : 0.0;
-  } else {
-    return false;
+    *out = c10::convert<T, double>(d);
+    return true;
   }
-  // Same conversion torch applies (c10::convert), so half/bfloat16 rounding matches bit for bit.
-  *out = c10::convert<T, double>(d);
-  return true;
 }
 
-inline bool store_bool(PyObject* o, bool* out) {
-  if (PyBool_Check(o)) {
-    *out = (o == Py_True);
-    return true;
-  }
-  if (PyLong_CheckExact(o)) {
-    // torch: any nonzero integer is true, including ones too large for int64.
-    const int truth = PyObject_IsTrue(o);
-    if (truth < 0) {
-      PyErr_Clear();
-      return false;
-    }
-    *out = truth == 1;
-    return true;
-  }
-  if (PyFloat_CheckExact(o)) {
-    *out = static_cast<bool>(PyFloat_AS_DOUBLE(o));  // NaN is true, as in torch
-    return true;
-  }
-  return false;
-}
-
+// One Python object: exact int, float or bool; anything else is declined. Runs no Python code.
 template <class T>
 inline bool store(PyObject* o, T* out) {
-  if constexpr (std::is_same_v<T, bool>) {
-    return store_bool(o, out);
-  } else if constexpr (std::is_integral_v<T>) {
-    return store_integral<T>(o, out);
-  } else {
-    return store_floating<T>(o, out);
+  if (PyLong_CheckExact(o)) {
+    long long v = 0;
+    return exact_int_value(o, &v) ? store_int<T>(v, out) : store_big_int<T>(o, out);
   }
+  if (PyFloat_CheckExact(o)) return store_double<T>(PyFloat_AS_DOUBLE(o), out);
+  if (PyBool_Check(o)) return store_bool<T>(o == Py_True, out);
+  return false;
 }
 
 }  // namespace pinstage

@@ -274,38 +274,6 @@ std::vector<at::Tensor> stage_many(PyObject* items, PyObject* stream, PyObject* 
 #endif
 }
 
-std::vector<at::Tensor> stage_host_arrays(const std::vector<HostArray>& arrays, const Target& target, const char* api) {
-  ProfilerRange range(api);
-  std::vector<ItemLayout> layouts;
-  layouts.reserve(arrays.size());
-  for (const HostArray& a : arrays) {
-    layouts.push_back({a.dtype, a.shape, static_cast<size_t>(c10::multiply_integers(a.shape)) * c10::elementSize(a.dtype)});
-  }
-  const auto copy_bytes = [&](size_t i, uint8_t* dst) {
-    if (layouts[i].nbytes > 0) std::memcpy(dst, arrays[i].data, layouts[i].nbytes);
-    return false;  // converted by the caller: never the torch.tensor fallback
-  };
-  if (!target.cuda) {
-    std::vector<at::Tensor> results;
-    results.reserve(arrays.size());
-    auto& c = cpu_counters();
-    for (size_t i = 0; i < arrays.size(); ++i) {
-      results.push_back(at::empty(layouts[i].shape, at::TensorOptions().dtype(layouts[i].dtype)));
-      copy_bytes(i, static_cast<uint8_t*>(results.back().data_ptr()));
-      c.calls.fetch_add(1, std::memory_order_relaxed);
-      c.bytes_staged.fetch_add(layouts[i].nbytes, std::memory_order_relaxed);
-    }
-    return results;
-  }
-#ifdef PINSTAGE_WITH_CUDA
-  check_not_capturing(*target.stream, api);
-  c10::cuda::CUDAGuard device_guard(target.index);
-  return stage_in_one_copy(target, layouts, copy_bytes);
-#else
-  TORCH_INTERNAL_ASSERT(false, "unreachable: CUDA target in a CPU-only build");
-#endif
-}
-
 namespace {
 
 // stage_into writes into `out` only after every conversion is done, and checks `out` again right
@@ -314,8 +282,8 @@ namespace {
 // replaces out's storage, dtype or device.
 void check_out_unchanged(const at::Tensor& out, c10::ScalarType dtype, c10::Device device, int64_t numel) {
   TORCH_CHECK(out.scalar_type() == dtype && out.device() == device && out.is_contiguous() && out.numel() == numel,
-              "pinstage.stage_into: out changed while data was being converted (it is now ", out.scalar_type(),
-              " of shape ", out.sizes(), " on ", out.device(), "; it was ", dtype, " with ", numel,
+              "pinstage.stage_into: out changed while data was being converted (it is now ", dtype_name(out.scalar_type()),
+              " of shape ", out.sizes(), " on ", out.device(), "; it was ", dtype_name(dtype), " with ", numel,
               " elements on ", device, "); nothing was written");
 }
 

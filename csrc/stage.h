@@ -12,19 +12,4 @@ std::vector<at::Tensor> stage_many(PyObject* items, PyObject* stream, PyObject* 
 // Returns nothing: the binding hands back the caller's own `out` object.
 void stage_into(PyObject* data, PyObject* out, PyObject* stream);
 
-struct Target;
-
-// Values a C++ caller has already converted (the builders' native gathers): `data` holds
-// numel(shape) elements of `dtype`, in host memory that stays valid for the call.
-struct HostArray {
-  const void* data;
-  c10::ScalarType dtype;
-  std::vector<int64_t> shape;
-};
-
-// stage_many for HostArrays: one ring region, one device allocation, ONE copy on the target's
-// stream, and views of it; on a CPU target, one host tensor each. `api` names the caller in errors.
-// No Python code runs while the region is held.
-std::vector<at::Tensor> stage_host_arrays(const std::vector<HostArray>& arrays, const Target& target, const char* api);
-
 }  // namespace pinstage

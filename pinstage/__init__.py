@@ -14,6 +14,7 @@ import torch  # loads libtorch before the extension that links against it
 from . import _C, _fallback, testing
 
 _C._set_fallback(_fallback.host_tensor)
+_fallback.register_buffer_types()
 
 stage_to_device = _C.stage_to_device
 stage_many = _C.stage_many

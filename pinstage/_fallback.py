@@ -12,6 +12,21 @@ import torch
 _MAX_DIMS = 128
 
 
+def register_buffer_types():
+    """Tell the compiled core which types are numpy arrays and scalars and array.array, so that it
+    copies their memory straight into the ring (torch.tensor's casting rules where dtypes differ)."""
+    import array
+
+    from . import _C
+
+    try:
+        import numpy
+    except ImportError:  # pinstage works without numpy; its arrays just cannot be passed then
+        _C._register_buffer_types(None, None, array.array)
+        return
+    _C._register_buffer_types(numpy.ndarray, numpy.generic, array.array)
+
+
 def host_tensor(data, dtype):
     """torch.tensor(data, dtype=dtype), with errors that name the offending element."""
     if isinstance(data, torch.Tensor) and not issubclass(type(data), torch.Tensor):
@@ -29,8 +44,8 @@ def _with_location(exc, data, dtype):
         detail = "%s (dtype %s)" % (exc, dtype)
     else:
         index, value = where
-        detail = "element %s = %s cannot be converted to %s: %s" % (
-            "".join("[%d]" % i for i in index), _short_repr(value), dtype, exc)
+        what = "element " + "".join("[%d]" % i for i in index) if index else "data"
+        detail = "%s = %s cannot be converted to %s: %s" % (what, _short_repr(value), dtype, exc)
     try:
         return type(exc)("pinstage: " + detail)
     except Exception:  # an exception class that cannot be built from one message: keep torch's
@@ -58,7 +73,8 @@ def _first_refused_element(data, dtype, index=()):
                 return found
         return None
     try:
-        torch.tensor(data, dtype=dtype)
+        # as_tensor for a tensor element: the same conversion, without torch.tensor's copy warning.
+        (torch.as_tensor if isinstance(data, torch.Tensor) else torch.tensor)(data, dtype=dtype)
     except Exception:
         return index, data
     return None

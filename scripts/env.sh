@@ -16,14 +16,14 @@ else
   echo "[pinstage] no torch found: creating .venv with torch 2.14.1" >&2
   python3 -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip >&2 || true
-  .venv/bin/python -m pip install -q "torch==2.14.1" numpy pybind11 ninja pytest setuptools wheel >&2
+  .venv/bin/python -m pip install -q "torch==2.14.1" numpy pybind11 ninja pytest hypothesis setuptools wheel >&2
   PY="$ROOT/.venv/bin/python"
 fi
 
 # Tools the build and tests need; installed only where missing (a GPU machine already has them).
 missing=$("$PY" - <<'PYEOF'
 import importlib.util
-print(" ".join(m for m in ("numpy", "ninja", "pytest", "setuptools") if importlib.util.find_spec(m) is None))
+print(" ".join(m for m in ("numpy", "ninja", "pytest", "setuptools", "hypothesis") if importlib.util.find_spec(m) is None))
 PYEOF
 )
 if [ -n "$missing" ]; then

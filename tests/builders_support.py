@@ -1,18 +1,14 @@
 """Shared pieces of the builder tests: devices, the three backends, tensor equality, a busy stream."""
-import time
-
 import pytest
 import torch
 
-from pinstage.builders import BACKENDS, Request
+from pinstage.builders import BACKENDS, Request, SamplingParams
 
-HAS_CUDA = torch.cuda.is_available()
-needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device (torch.cuda.is_available() is False)")
-DEVICES = ["cpu", pytest.param("cuda", marks=[needs_cuda, pytest.mark.cuda])]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 BATCH_SIZES = [0, 1, 37, 4096]
 
-# About 25 ms of device time on an H200 (~1980 cycles per microsecond): far longer than any builder
-# call, so a builder that waited for the stream would take at least this long on the host.
+# Far longer than any builder call on any GPU (about 25 ms on an H200): the stream is still busy
+# when a builder that does not wait for it returns.
 BUSY_CYCLES = 50_000_000
 
 
@@ -23,6 +19,23 @@ def random_requests(rng, bs):
             [rng.randrange(1 << 17) for _ in range(rng.randint(1, 6))],
             [rng.randrange(1 << 17) for _ in range(rng.choice([0, 0, 1, 3]))],
             req_pool_idx=rng.randrange(8192),
+        )
+        for _ in range(bs)
+    ]
+
+
+def random_params(rng, bs):
+    """bs SamplingParams mixing greedy and sampled requests, ints where floats are expected (common
+    in engine code), with and without seeds and penalties."""
+    return [
+        SamplingParams(
+            temperature=rng.choice([0.0, 0.5, 0.7, 1, 1.3]),
+            top_p=rng.choice([1.0, 1, 0.9, 0.5]),
+            top_k=rng.choice([-1, -1, 1, 20, 50]),
+            min_p=rng.choice([0.0, 0, 0.05]),
+            sampling_seed=rng.choice([None, rng.randrange(1 << 40)]),
+            frequency_penalty=rng.choice([0.0, 0.0, 0.0, 0.5]),
+            repetition_penalty=rng.choice([1.0, 1.0, 1.0, 1.2]),
         )
         for _ in range(bs)
     ]
@@ -54,19 +67,16 @@ def results_by_backend(build, device):
 
 
 def run_while_stream_busy(build, stream):
-    """build() with `stream` busy on a long kernel and synchronisation forbidden; returns the result
-    and the host seconds it took. The caller compares the result after synchronising."""
+    """build() right after a long kernel was queued on `stream`, with synchronisation forbidden.
+    Returns the result and whether the kernel was still running when build() returned: a builder
+    that waited for the stream would find it done. The caller compares the result after
+    synchronising."""
     import pinstage.testing
 
     with torch.cuda.stream(stream):
         torch.cuda._sleep(BUSY_CYCLES)
-    start = time.perf_counter()
+        done = torch.cuda.Event()
+        done.record(stream)
     with pinstage.testing.no_sync():
         result = build()
-    elapsed = time.perf_counter() - start
-    return result, elapsed
-
-
-def busy_host_limit_s():
-    """A call that waited for the busy stream would take the whole sleep; half of it is the bound."""
-    return BUSY_CYCLES / 1980e6 / 2
+    return result, not done.query()

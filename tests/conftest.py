@@ -11,7 +11,18 @@ if ROOT not in sys.path:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: large sizes (1M elements); deselect with -m 'not slow'")
-    config.addinivalue_line("markers", "cuda: needs a CUDA device")
+    config.addinivalue_line("markers", "cuda: needs a CUDA device; skipped where none is visible")
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 import pytest
 import torch
 from builders_support import (
-    BATCH_SIZES, DEVICES, assert_fields_equal, assert_same_tensor, busy_host_limit_s, needs_cuda,
+    BATCH_SIZES, DEVICES, assert_fields_equal, assert_same_tensor,
     random_requests, results_by_backend, run_while_stream_busy,
 )
 
@@ -55,7 +55,7 @@ def test_request_without_any_token_is_named():
 
 def test_negative_pool_index_is_named():
     requests = [Request([1], req_pool_idx=0), Request([2], req_pool_idx=-1)]
-    with pytest.raises(IndexError, match=r"request 1: req_pool_idx must be >= 0"):
+    with pytest.raises(ValueError, match=r"request 1: req_pool_idx must be >= 0"):
         build_decode_inputs(requests, device="cpu")
 
 
@@ -64,15 +64,14 @@ def test_unknown_backend_is_rejected():
         build_decode_inputs([Request([1])], backend="fast", device="cpu")
 
 
-@needs_cuda
 @pytest.mark.cuda
 def test_decode_builders_do_not_wait_for_a_busy_stream(rng):
     requests = random_requests(rng, 256)
     stream = torch.cuda.Stream()
     for build in (build_decode_inputs, build_penalty_last_token_ids):
         build(requests, stream=stream)  # warm-up: the ring and caching allocator settle
-        result, elapsed = run_while_stream_busy(lambda: build(requests, stream=stream), stream)
-        assert elapsed < busy_host_limit_s(), f"{build.__name__} took {elapsed * 1e3:.1f} ms on the host"
+        result, still_busy = run_while_stream_busy(lambda: build(requests, stream=stream), stream)
+        assert still_busy, f"{build.__name__} returned only after the busy stream finished"
         torch.cuda.synchronize()
         expected = build(requests, backend="blocking", device="cuda")
         if isinstance(expected, torch.Tensor):

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 from builders_support import (
-    BATCH_SIZES, DEVICES, assert_fields_equal, assert_same_tensor, busy_host_limit_s, needs_cuda,
+    BATCH_SIZES, DEVICES, assert_fields_equal, assert_same_tensor,
     results_by_backend, run_while_stream_busy,
 )
 
@@ -113,7 +113,6 @@ def test_mismatched_lists_are_rejected():
         build_logprob_indices([1, 2], [0], device="cpu")
 
 
-@needs_cuda
 @pytest.mark.cuda
 @pytest.mark.parametrize("bs", [8, 256])
 def test_logits_builder_does_not_wait_for_a_busy_stream(rng, bs):
@@ -121,7 +120,7 @@ def test_logits_builder_does_not_wait_for_a_busy_stream(rng, bs):
     stream = torch.cuda.Stream()
     build = lambda: build_logprob_indices(lens, starts, stream=stream)  # noqa: E731
     build()
-    result, elapsed = run_while_stream_busy(build, stream)
-    assert elapsed < busy_host_limit_s(), f"took {elapsed * 1e3:.1f} ms on the host"
+    result, still_busy = run_while_stream_busy(build, stream)
+    assert still_busy, "the builder returned only after the busy stream finished"
     torch.cuda.synchronize()
     check_against_reference(result, lens, starts)

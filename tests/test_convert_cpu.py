@@ -324,6 +324,73 @@ def test_buffers(dtype):
     check(memoryview(bytearray(b"\x05\x06")), dtype)
 
 
+NUMPY_TYPES = [np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64,
+               np.float16, np.float32, np.float64]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_numpy_scalars_and_zero_dim_arrays(dtype):
+    for np_type in NUMPY_TYPES:
+        if np_type is np.bool_:
+            values = [True, False]
+        elif np.issubdtype(np_type, np.integer):
+            info = np.iinfo(np_type)
+            values = [info.min, info.max, 0, 1]
+        else:
+            values = [1.5, -0.0, float("nan"), float("inf"), float(np.finfo(np_type).max)]
+        for v in values:
+            check(np_type(v), dtype)
+            check(np.array(v, dtype=np_type), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_buffers_torch_refuses_or_reads_elementwise(dtype):
+    rng = seeded_rng("odd-buffers", dtype_name(dtype))
+    arr = np.array(small_ints(24, rng), dtype=np.int32)
+    check(arr[::-1], dtype)  # negative strides: torch.from_numpy refuses
+    check(arr.reshape(4, 6)[:, ::-2], dtype)
+    check(arr.astype(">i4"), dtype)  # the other byte order
+    check(np.array([(1, 2.0)], dtype=[("a", "i4"), ("b", "f8")]), dtype)  # structured
+    check(np.array([1, 2], dtype=object), dtype)
+    check(memoryview(arr)[::2], dtype)  # strided sequence
+    check(memoryview(arr)[::-1], dtype)
+    check(memoryview(arr.reshape(4, 6)), dtype)  # torch cannot read a 2-D memoryview
+    check(memoryview(np.array([1.5, 2.5], dtype=np.float16)), dtype)  # nor one of halves
+    check(memoryview(np.array([True, False])), dtype)
+    check(b"\x01\x02", dtype)  # torch refuses bytes
+    check(array.array("d", [0.5, -1.5, 2**70, -(2**70)]), dtype)
+
+
+def _fallbacks():
+    return pinstage.stats(device="cpu")["fallbacks"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_arrays_buffers_and_tensors_take_no_fallback(dtype):
+    """numpy arrays (any element type, strided or not), array.array and memoryview of the same type,
+    and CPU tensors are copied or cast in C++, never converted by torch.tensor."""
+    rng = seeded_rng("no-fallback", dtype_name(dtype))
+    inputs = []
+    for np_type in NUMPY_TYPES:
+        arr = np.array(small_ints(40, rng), dtype=np_type)
+        inputs += [arr, arr[::3], arr.reshape(5, 8).T, arr[7:8].reshape(())]
+    if dtype in ARRAY_CODE_OF:
+        a = array.array(ARRAY_CODE_OF[dtype], small_ints(9, rng))
+        inputs += [a, memoryview(a)]
+    for src in (torch.int64, torch.float16, torch.bool, dtype):
+        t = torch.tensor(small_ints(30, rng), dtype=src)
+        inputs += [t, t.view(5, 6).t(), t[::2]]
+    if dtype == torch.uint8:
+        inputs.append(bytearray(b"\x00\x07\xff"))
+    for data in inputs:
+        before = _fallbacks()
+        want, exc = expected(data, dtype)
+        assert exc is None, exc
+        got = stage_cpu(data, dtype)
+        assert_same_tensor(got, want, "%s <- %r" % (dtype_name(dtype), _short(data)))
+        assert _fallbacks() == before, "took the torch.tensor fallback for %r" % (_short(data),)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_cpu_tensors(dtype):
     rng = seeded_rng("tensor", dtype_name(dtype))

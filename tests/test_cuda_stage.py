@@ -146,7 +146,13 @@ def _race_inputs(count, rng, max_len=64):
             out.append(("many", items))
         else:
             dtype = RACE_DTYPES[i % len(RACE_DTYPES)]
-            out.append(("one", natural_values(dtype, rng.randint(1, max_len), rng), dtype))
+            values = natural_values(dtype, rng.randint(1, max_len), rng)
+            # Every third staging copies a numpy array or a CPU tensor (the memcpy paths) instead.
+            if i % 3 == 1 and dtype != torch.bfloat16:
+                values = np.array(values, dtype=NUMPY_OF[dtype])
+            elif i % 3 == 2:
+                values = torch.tensor(values, dtype=dtype)
+            out.append(("one", values, dtype))
     return out
 
 

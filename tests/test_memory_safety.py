@@ -127,13 +127,12 @@ def test_sizes_that_overflow(device):
 def test_cache_index_bounds_that_would_overflow():
     run_child(
         """
-        from pinstage import _C
         big = 2**63 - 2
         table = torch.zeros((2, 8), dtype=torch.int32)
         out_cache_loc = torch.arange(4, dtype=torch.int64)
         one = lambda v, dt=torch.int64: torch.tensor([v], dtype=dt)
         prefix = torch.zeros(1, dtype=torch.int64)
-        call = lambda offset, seq: _C.write_cache_indices(
+        call = lambda offset, seq: torch.ops.pinstage.write_cache_indices(
             table, one(0), one(prefix.data_ptr(), torch.uint64), one(0), one(seq), one(offset), out_cache_loc)
         expect(lambda: call(big, 4), ValueError, "outside out_cache_loc")
         expect(lambda: call(-big, 4), ValueError, "outside out_cache_loc")

@@ -1,9 +1,14 @@
 """Engine-side batch preparation on pinstage, modelled on SGLang's per-step code.
 
-Every builder takes backend="pinstage" (default), "pinned" or "blocking" and a stream; the three
-give equal tensors, so they can be tested and timed side by side.
+Two shapes that give equal tensors:
+- BatchState: the batch's per-request values in persistent numpy columns, updated when requests join
+  and leave and when tokens come back; each per-step builder is one stage_many of column slices.
+- Builders over a list of Request objects (SGLang's shape, drop-in): a Python gather plus one
+  stage_many. They take backend="pinstage" (default), "pinned" or "blocking", the patterns engines
+  use today, so that they can be tested equal and timed side by side.
 """
 from ._backend import BACKENDS
+from .batch_state import BatchState
 from .cache import write_cache_indices
 from .decode import DecodeInputs, build_decode_inputs, build_penalty_last_token_ids, last_token_ids
 from .logits import LogprobIndices, build_logprob_indices
@@ -12,6 +17,7 @@ from .sampling import DEFAULT_SAMPLING_SEED, SamplingBatch, build_sampling_batch
 
 __all__ = [
     "BACKENDS",
+    "BatchState",
     "DEFAULT_SAMPLING_SEED",
     "DecodeInputs",
     "LogprobIndices",

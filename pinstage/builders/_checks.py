@@ -1,21 +1,14 @@
-"""Validation for the builders: cheap whole-list checks, with a Python walk only on failure to name
-the offending request."""
-import numbers
+"""Validation for the builders: cheap whole-batch checks, with a walk over the requests only on
+failure, to name the request and the field."""
+import torch
+
+from ._backend import stage
 
 
-def raise_first_invalid(values, field, is_valid, expected):
-    """Raise for the first value failing is_valid: TypeError if it is not a real number, else
-    ValueError; the message names the request index and the field."""
-    for i, value in enumerate(values):
-        if not isinstance(value, numbers.Real):
-            raise TypeError(f"request {i}: {field} must be a real number, got {type(value).__name__}")
-        if not is_valid(value):
-            raise ValueError(f"request {i}: {field} must be {expected}, got {value!r}")
-    raise AssertionError(f"{field}: the list check failed but no element fails it")
-
-
-def checked_bounds(values, field, is_valid, expected):
-    """(min, max) of a non-empty list whose values all pass is_valid, an interval test.
+def checked_bounds(values, field, is_valid, expected, integer=False):
+    """(min, max) of a non-empty list whose values all pass is_valid (an interval test) and, with
+    integer=True, are all ints. Raises for the first request that does not: TypeError if its value
+    is not a number of the right kind, else ValueError; the message names the request and the field.
 
     Works on the set of distinct values: a batch carries few distinct sampling settings, so one hash
     per request replaces two comparisons per request. min/max skip a NaN that is not first; the sum
@@ -26,8 +19,39 @@ def checked_bounds(values, field, is_valid, expected):
         lo, hi = min(distinct), max(distinct)
         total = sum(distinct)
         ok = total == total and is_valid(lo) and is_valid(hi)
+        if ok:
+            kinds = {type(v) for v in distinct}
+            ok = kinds <= ({int} if integer else {int, float})
     except TypeError:
         ok = False
     if not ok:
-        raise_first_invalid(values, field, is_valid, expected)
+        _raise_first_invalid(values, field, is_valid, expected, integer)
     return lo, hi
+
+
+def _raise_first_invalid(values, field, is_valid, expected, integer):
+    kinds = (int,) if integer else (int, float)
+    for i, value in enumerate(values):
+        if not isinstance(value, kinds) or isinstance(value, bool):
+            kind = "an int" if integer else "a real number"
+            raise TypeError(f"request {i}: {field} must be {kind}, got {type(value).__name__} {value!r}")
+        if not is_valid(value):
+            raise ValueError(f"request {i}: {field} must be {expected}, got {value!r}")
+    raise AssertionError(f"{field}: the batch check failed but no request fails it")
+
+
+def stage_fields(fields, backend, stream, device):
+    """fields: [(name, values, dtype)] with one value per request. Stages them together; when a
+    value cannot be converted, re-raises the error naming the request and the field."""
+    try:
+        return stage([(values, dtype) for _, values, dtype in fields], backend, stream, device)
+    except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
+        for name, values, dtype in fields:
+            for i, value in enumerate(values):
+                try:
+                    torch.tensor(value, dtype=dtype)
+                except Exception as refused:  # noqa: BLE001 - the first value torch refuses is the one to name
+                    raise type(exc)(
+                        f"request {i}: {name} = {value!r} cannot be converted to {dtype}: {refused}"
+                    ) from None
+        raise

@@ -1,10 +1,16 @@
 """write_cache_indices: point each request's row of req_to_token at its KV slots, as SGLang's
-mem_cache write_cache_indices does before a prefill: the cached prefix's slots at
-[0, prefix_len), the newly allocated slots (its slice of out_cache_loc) at [prefix_len, seq_len)."""
+write_cache_indices does before a prefill: the cached prefix's slots at [0, prefix_len), the newly
+allocated slots (its slice of out_cache_loc) at [prefix_len, seq_len)."""
+import contextlib
+
 import torch
 
-from .. import _C
+import pinstage
+from pinstage import _C
+
 from ._backend import check_backend, stage
+
+_FIELDS = ("req_pool_indices", "prefix_lens", "seq_lens", "extend_lens")
 
 
 def write_cache_indices(
@@ -20,52 +26,59 @@ def write_cache_indices(
     stream=None,
 ):
     """req_to_token: int32 [rows, max_context_len]; out_cache_loc: int64 [sum(extend_lens)]; both on
-    one device. req_pool_indices, prefix_lens, seq_lens, extend_lens: lists of ints, one per request.
-    prefix_tensors: one int64 1-D tensor per request on that device, at least prefix_len long.
+    one device. req_pool_indices, prefix_lens, seq_lens, extend_lens: one int per request (lists or
+    integer numpy arrays). prefix_tensors: one int64 1-D tensor per request on that device, at least
+    prefix_len long.
 
     Everything is validated on the host before anything is staged or written (IndexError for a row
     outside req_to_token, TypeError for a wrong dtype, ValueError otherwise; messages name the request
     and the field). On CUDA it is one kernel launch on `stream` (default: the current stream) and the
-    host does not wait; the prefix tensors must stay alive until that stream has run the kernel.
+    host does not wait; the prefix tensors must stay alive until that stream has run the kernel
+    (the kernel reads them through their data pointers).
     """
     check_backend(backend)
-    # Held for the whole call: the kernel reads the prefixes through raw pointers, and reading the
-    # int lists can run Python code (an __index__) that might drop the caller's only reference.
-    prefix_tensors = tuple(prefix_tensors)
-    if backend == "pinstage":
-        # Validated and staged in one step: the request fields and the plan go from C++ vectors
-        # into one ring region and one copy, without Python lists in between.
-        staged = _C._stage_cache_index_plan(
-            req_to_token, req_pool_indices, prefix_tensors, prefix_lens, seq_lens, extend_lens, out_cache_loc, stream
+    for name, t in (("req_to_token", req_to_token), ("out_cache_loc", out_cache_loc)):
+        # By type, not isinstance: an object whose __class__ claims torch.Tensor would be read as one.
+        if not issubclass(type(t), torch.Tensor):
+            raise TypeError(f"write_cache_indices: {name} must be a tensor, got {type(t).__name__}")
+    # Held for the whole call (the kernel reads the prefixes through raw pointers), and taken before
+    # the ints are read: reading one can run Python code (an __index__) that changes the list.
+    prefix_tensors = list(prefix_tensors)
+    columns = _int64_columns(req_pool_indices, prefix_lens, seq_lens, extend_lens)
+    pointers, offsets = _C.cache_index_plan(req_to_token, prefix_tensors, *columns, out_cache_loc)
+    rows, prefixes, lengths, _ = columns
+    staged = stage(
+        [(rows, torch.int64), (prefixes, torch.int64), (lengths, torch.int64), (offsets, torch.int64),
+         (pointers, torch.uint64)],
+        backend, stream, req_to_token.device,
+    )
+    rows_d, prefixes_d, lengths_d, offsets_d, pointers_d = staged
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        torch.ops.pinstage.write_cache_indices(
+            req_to_token, rows_d, pointers_d, prefixes_d, lengths_d, offsets_d, out_cache_loc
         )
-    else:
-        staged = stage_cache_index_plan_lists(
-            req_to_token, req_pool_indices, prefix_tensors, prefix_lens, seq_lens, extend_lens, out_cache_loc,
-            backend, stream,
-        )
-    rows, prefixes, lengths, offsets, pointers = staged
-    _C.write_cache_indices(req_to_token, rows, pointers, prefixes, lengths, offsets, out_cache_loc, stream)
 
 
-def stage_cache_index_plan_lists(
-    req_to_token, req_pool_indices, prefix_tensors, prefix_lens, seq_lens, extend_lens, out_cache_loc, backend, stream
-):
-    """The plan as Python lists, staged by `backend`: what the "pinned" and "blocking" backends do.
-    Returns [req_pool_indices, prefix_lens, seq_lens, out_cache_offsets, prefix_pointers]."""
-    # The kernel reaches each prefix through its data pointer: only the host can still check its
-    # device, dtype and length, so cache_index_plan does that before taking the pointers.
-    prefix_pointers, out_cache_offsets = _C.cache_index_plan(
-        req_to_token, req_pool_indices, prefix_tensors, prefix_lens, seq_lens, extend_lens, out_cache_loc
-    )
-    return stage(
-        [
-            (req_pool_indices, torch.int64),
-            (prefix_lens, torch.int64),
-            (seq_lens, torch.int64),
-            (out_cache_offsets, torch.int64),
-            (prefix_pointers, torch.uint64),
-        ],
-        backend,
-        stream,
-        req_to_token.device,
-    )
+def _int64_columns(*columns):
+    """The per-request ints as CPU int64 tensors (converted by pinstage's own CPU path); a value that
+    is not an int raises TypeError naming the request and the field."""
+    lengths = {len(c) for c in columns}
+    if len(lengths) > 1:
+        n = len(columns[0])
+        for name, column in zip(_FIELDS[1:], columns[1:]):
+            if len(column) != n:
+                raise ValueError(f"write_cache_indices: {name} has {len(column)} entries but req_pool_indices has {n}")
+    out = []
+    for name, column in zip(_FIELDS, columns):
+        try:
+            out.append(pinstage.stage_to_device(column, torch.int64, device="cpu"))
+        except (TypeError, ValueError, OverflowError, RuntimeError):
+            for i, value in enumerate(column):
+                if not isinstance(value, int) or isinstance(value, bool):
+                    raise TypeError(
+                        f"write_cache_indices: request {i}: {name} must be an int, got {type(value).__name__}"
+                    ) from None
+            raise
+        if out[-1].dim() != 1:
+            raise ValueError(f"write_cache_indices: {name} must be one int per request")
+    return out

@@ -1,11 +1,10 @@
-"""Per-step decode inputs: last-token ids (also the penalty path's latest output ids), seq_lens and
-req_pool_indices, as SGLang's ScheduleBatch.prepare_for_decode stages them from host lists."""
+"""Per-step decode inputs from a list of requests: last-token ids (also the penalty path's latest
+output ids), seq_lens and req_pool_indices, as SGLang's ScheduleBatch.prepare_for_decode makes them."""
 from dataclasses import dataclass
 
 import torch
 
-from .. import _C
-from ._backend import stage
+from ._checks import checked_bounds, stage_fields
 
 
 @dataclass
@@ -28,35 +27,24 @@ def last_token_ids(requests):
         raise
 
 
-def decode_input_items(requests):
-    """The Python gather: [(input_ids, int64), (seq_lens, int64), (req_pool_indices, int64)] as host
-    lists, validated. The "pinned" and "blocking" backends stage these; "pinstage" gathers natively."""
-    input_ids = last_token_ids(requests)
-    seq_lens = [len(r.origin_input_ids) + len(r.output_ids) for r in requests]
-    req_pool_indices = [r.req_pool_idx for r in requests]
-    if req_pool_indices and min(req_pool_indices) < 0:
-        i = next(i for i, row in enumerate(req_pool_indices) if row < 0)
-        raise IndexError(f"request {i}: req_pool_idx must be >= 0, got {req_pool_indices[i]}")
-    return [(input_ids, torch.int64), (seq_lens, torch.int64), (req_pool_indices, torch.int64)]
-
-
 def build_penalty_last_token_ids(requests, *, backend="pinstage", stream=None, device=None):
     """int64 [bs] of last tokens for the penalizers, for engines whose input ids are already on the
-    device (overlap scheduling) and only the penalty path needs the host's copy."""
-    if backend == "pinstage":
-        # C++ reads the requests and stages in one copy; it declines (None) anything unusual, and
-        # the Python gather below then stages it or raises its error.
-        staged = _C._stage_last_token_ids(requests, stream, device)
-        if staged is not None:
-            return staged
-    (ids,) = stage([(last_token_ids(requests), torch.int64)], backend, stream, device)
+    device (overlap scheduling) and only the penalty path needs the host's copy. Reads
+    request.output_ids and request.origin_input_ids."""
+    (ids,) = stage_fields([("last token id", last_token_ids(requests), torch.int64)], backend, stream, device)
     return ids
 
 
 def build_decode_inputs(requests, *, backend="pinstage", stream=None, device=None):
-    """The three per-step decode tensors, staged together (one copy with backend="pinstage")."""
-    if backend == "pinstage":
-        staged = _C._stage_decode_inputs(requests, stream, device)
-        if staged is not None:
-            return DecodeInputs(*staged)
-    return DecodeInputs(*stage(decode_input_items(requests), backend, stream, device))
+    """The three per-step decode tensors, staged together (one copy with backend="pinstage"). Reads
+    request.origin_input_ids, request.output_ids and request.req_pool_idx (an int >= 0; IndexError
+    naming the request otherwise)."""
+    req_pool_indices = [r.req_pool_idx for r in requests]
+    if requests:
+        checked_bounds(req_pool_indices, "req_pool_idx", lambda v: v >= 0, ">= 0", integer=True)
+    fields = [
+        ("last token id", last_token_ids(requests), torch.int64),
+        ("seq_len", [len(r.origin_input_ids) + len(r.output_ids) for r in requests], torch.int64),
+        ("req_pool_idx", req_pool_indices, torch.int64),
+    ]
+    return DecodeInputs(*stage_fields(fields, backend, stream, device))

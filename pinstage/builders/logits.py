@@ -35,25 +35,7 @@ def logprob_index_arrays(extend_seq_lens, extend_logprob_start_lens):
     Raises ValueError naming the request when a length is < 1 or a start is outside [0, length],
     TypeError when one is not an integer.
     """
-    lens, starts = _validated(extend_seq_lens, extend_logprob_start_lens)
-    sample_only = starts == lens
-    kept_from = starts - sample_only  # a sample-only request keeps its last row
-    kept_lens = lens - kept_from
-    pruned_lens = lens - starts
-    kept_ends = kept_lens.cumsum()
-    sample_indices = kept_ends - 1
-    # Kept row k of request i is hidden row k + (rows that requests 0..i dropped at their fronts).
-    pruned_rows = np.repeat(kept_from.cumsum(), kept_lens)
-    pruned_rows += np.arange(pruned_rows.size)
-    # Input-logprob row k of request i is kept row k + (sample-only rows of requests before i).
-    sample_only_before = sample_only.cumsum() - sample_only
-    input_logprob = np.repeat(sample_only_before, pruned_lens)
-    input_logprob += np.arange(input_logprob.size)
-    return sample_indices, input_logprob, pruned_lens, pruned_rows
-
-
-def _validated(extend_seq_lens, extend_logprob_start_lens):
-    # Inferred, not forced, dtype: a float or str length must be an error, not truncated or parsed.
+    # Inferred, not forced, dtypes: a float or str length must be an error, not truncated or parsed.
     lens = np.asarray(extend_seq_lens)
     starts = np.asarray(extend_logprob_start_lens)
     if lens.shape != starts.shape or lens.ndim != 1:
@@ -61,14 +43,26 @@ def _validated(extend_seq_lens, extend_logprob_start_lens):
             f"extend_seq_lens has {len(extend_seq_lens)} entries but extend_logprob_start_lens has "
             f"{len(extend_logprob_start_lens)}"
         )
-    if lens.size == 0:
-        return lens.astype(np.int64), starts.astype(np.int64)
-    if lens.dtype.kind not in "iu" or starts.dtype.kind not in "iu" or lens.dtype == bool or starts.dtype == bool:
-        _raise_first_invalid(extend_seq_lens, extend_logprob_start_lens)
-    lens, starts = lens.astype(np.int64), starts.astype(np.int64)
-    if lens.min() < 1 or starts.min() < 0 or (lens - starts).min() < 0:
+    if lens.dtype.kind not in "iu" or starts.dtype.kind not in "iu":
+        if lens.size:
+            _raise_first_invalid(extend_seq_lens, extend_logprob_start_lens)
+        lens, starts = lens.astype(np.int64), starts.astype(np.int64)
+    pruned_lens = np.subtract(lens, starts, dtype=np.int64)  # input-logprob rows
+    if lens.size and (lens.min() < 1 or starts.min() < 0 or pruned_lens.min() < 0):
         _raise_first_invalid(lens.tolist(), starts.tolist())
-    return lens, starts
+    sample_only = pruned_lens == 0  # start == length: no input logprob, the last row kept to sample from
+    kept_lens = pruned_lens + sample_only
+    kept_ends = kept_lens.cumsum()
+    sample_indices = kept_ends - 1
+    total_kept = int(kept_ends[-1]) if lens.size else 0
+    # Kept row k of request i is hidden row k + (rows that requests 0..i dropped at their fronts).
+    pruned_rows = np.repeat((lens - kept_lens).cumsum(), kept_lens)
+    pruned_rows += np.arange(total_kept)
+    # Input-logprob row k of request i is kept row k + (sample-only rows of requests before i).
+    sample_only_before = sample_only.cumsum() - sample_only
+    input_logprob = np.repeat(sample_only_before, pruned_lens)
+    input_logprob += np.arange(input_logprob.size)
+    return sample_indices, input_logprob, pruned_lens, pruned_rows
 
 
 def _raise_first_invalid(lens, starts):

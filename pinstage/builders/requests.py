@@ -1,36 +1,88 @@
-"""The plain request data the builders read: no engine framework, just what a scheduler holds."""
+"""The plain request data the builders read: what a scheduler holds per request, no framework."""
 from dataclasses import dataclass, field
 from typing import List, Optional
 
 # top_k of every token. Requests ask for it with -1, which SamplingParams stores as this value so
-# that the per-step builder compares ints instead of rewriting the list every step.
+# that the per-step builder compares ints instead of rewriting the list every step (SGLang's value).
 TOP_K_ALL = 1 << 30
 
 # Below this a temperature means greedy decoding (as in SGLang's sampling parameters).
 _GREEDY_TEMPERATURE = 1e-6
 
 
+def _is_real(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check(name, value, ok_type, ok_value, expected):
+    if not ok_type(value):
+        kind = "an int" if ok_type is _is_int else "a real number"
+        raise TypeError(f"SamplingParams: {name} must be {kind}, got {type(value).__name__} {value!r}")
+    if not ok_value(value):
+        raise ValueError(f"SamplingParams: {name} must be {expected}, got {value!r}")
+
+
 @dataclass
 class SamplingParams:
+    """One request's sampling settings, validated at construction (TypeError for a value of the
+    wrong type, ValueError for one out of range; both name the field).
+
+    temperature >= 0 (below 1e-6: greedy, stored as temperature 1 with top_k 1); top_p in (0, 1];
+    top_k >= 1, or -1 for all tokens (stored as TOP_K_ALL); min_p in [0, 1]; sampling_seed an int
+    or None; frequency_penalty and presence_penalty in [-2, 2]; repetition_penalty in (0, 2].
+    """
+
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = TOP_K_ALL
     min_p: float = 0.0
     sampling_seed: Optional[int] = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self):
+        self.validate()
         if self.top_k == -1:
             self.top_k = TOP_K_ALL
         # A near-zero temperature is greedy decoding; expressing it as top_k=1 at temperature 1 keeps
         # the sampler from dividing by ~0 and lets the batch take the all-greedy fast path.
-        if 0 <= self.temperature < _GREEDY_TEMPERATURE:
+        if self.temperature < _GREEDY_TEMPERATURE:
             self.temperature = 1.0
             self.top_k = 1
+
+    def validate(self):
+        """Raise TypeError / ValueError naming the first field that is not valid."""
+        _check("temperature", self.temperature, _is_real, lambda v: v >= 0, ">= 0")
+        _check("top_p", self.top_p, _is_real, lambda v: 0 < v <= 1, "in (0, 1]")
+        _check("top_k", self.top_k, _is_int, lambda v: v >= 1 or v == -1, ">= 1, or -1 for all tokens")
+        _check("min_p", self.min_p, _is_real, lambda v: 0 <= v <= 1, "in [0, 1]")
+        if self.sampling_seed is not None:
+            _check("sampling_seed", self.sampling_seed, _is_int, lambda v: -(2**63) <= v < 2**63, "an int64 or None")
+        _check("frequency_penalty", self.frequency_penalty, _is_real, lambda v: -2 <= v <= 2, "in [-2, 2]")
+        _check("presence_penalty", self.presence_penalty, _is_real, lambda v: -2 <= v <= 2, "in [-2, 2]")
+        _check("repetition_penalty", self.repetition_penalty, _is_real, lambda v: 0 < v <= 2, "in (0, 2]")
+
+    @property
+    def penalties(self):
+        """(frequency, presence, repetition): one row of SamplingBatch.penalties."""
+        return (self.frequency_penalty, self.presence_penalty, self.repetition_penalty)
+
+
+NO_PENALTIES = (0.0, 0.0, 1.0)
 
 
 @dataclass
 class Request:
+    """What the builders read of a request: its prompt, the tokens generated so far, its row in
+    req_to_token and its sampling settings."""
+
     origin_input_ids: List[int]
     output_ids: List[int] = field(default_factory=list)
     req_pool_idx: int = 0
     sampling_params: SamplingParams = field(default_factory=SamplingParams)
+

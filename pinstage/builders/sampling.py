@@ -1,13 +1,12 @@
-"""Per-batch sampling tensors and flags, as SGLang's SamplingBatchInfo.from_schedule_batch builds them."""
+"""Per-batch sampling tensors and flags from a list of SamplingParams, as SGLang's
+SamplingBatchInfo.from_schedule_batch builds them."""
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from .. import _C
-from ._backend import stage
-from ._checks import checked_bounds
-from .requests import TOP_K_ALL
+from ._checks import checked_bounds, stage_fields
+from .requests import NO_PENALTIES, TOP_K_ALL
 
 # The seed a request without one gets when deterministic sampling is on (SGLang's default).
 DEFAULT_SAMPLING_SEED = 42
@@ -19,82 +18,74 @@ class SamplingBatch:
     top_ps: torch.Tensor  # float32 [bs]
     top_ks: torch.Tensor  # int32 [bs]
     min_ps: torch.Tensor  # float32 [bs]
-    seeds: Optional[torch.Tensor]  # int64 [bs], only with deterministic sampling
+    seeds: Optional[torch.Tensor]  # int64 [bs] (42 where a request has none); only with deterministic sampling
+    penalties: Optional[torch.Tensor]  # float32 [bs, 3]: frequency, presence, repetition; None when no request has any
     is_all_greedy: bool  # every top_k <= 1
     need_top_p: bool  # some top_p != 1
     need_top_k: bool  # some top_k != TOP_K_ALL
     need_min_p: bool  # some min_p > 0
 
 
-def sampling_items(params, enable_deterministic_sampling=False):
-    """The Python gather: ([(values, dtype), ...] as host lists, (is_all_greedy, need_top_p,
-    need_top_k, need_min_p)), validated. The "pinned" and "blocking" backends stage these;
-    "pinstage" gathers natively and uses this only for what its gather declines."""
+def build_sampling_batch(params, *, enable_deterministic_sampling=False, backend="pinstage", stream=None, device=None):
+    """params: one SamplingParams per request, in batch order -> SamplingBatch, every tensor staged
+    together (one copy with backend="pinstage").
+
+    Raises ValueError (TypeError for a value of the wrong type) naming the request and the field
+    when temperature < 0, top_p outside (0, 1], top_k not an int >= 1 (TOP_K_ALL means all), min_p
+    outside [0, 1], a penalty outside its range or sampling_seed neither an int nor None; nothing is
+    staged then.
+    """
     temperatures = [p.temperature for p in params]
     top_ps = [p.top_p for p in params]
     top_ks = [p.top_k for p in params]
     min_ps = [p.min_p for p in params]
+    penalties = [p.penalties for p in params]
     if params:
         checked_bounds(temperatures, "temperature", lambda v: v >= 0, ">= 0")
         top_p_min, _ = checked_bounds(top_ps, "top_p", lambda v: 0 < v <= 1, "in (0, 1]")
         top_k_min, top_k_max = checked_bounds(
-            top_ks, "top_k", lambda v: v >= 1, f">= 1, or TOP_K_ALL ({TOP_K_ALL}) for all"
+            top_ks, "top_k", lambda v: v >= 1, f">= 1, or TOP_K_ALL ({TOP_K_ALL}) for all", integer=True
         )
         _, min_p_max = checked_bounds(min_ps, "min_p", lambda v: 0 <= v <= 1, "in [0, 1]")
+        distinct_penalties = set(penalties)
+        if distinct_penalties != {NO_PENALTIES}:
+            _check_penalties(penalties)
+        need_penalties = distinct_penalties != {NO_PENALTIES}
         flags = (top_k_max <= 1, top_p_min < 1, top_k_min != TOP_K_ALL or top_k_max != TOP_K_ALL, min_p_max > 0)
     else:
+        need_penalties = False
         flags = (True, False, False, False)
 
-    items = [
-        (temperatures, torch.float32),
-        (top_ps, torch.float32),
-        (top_ks, torch.int32),
-        (min_ps, torch.float32),
+    fields = [
+        ("temperature", temperatures, torch.float32),
+        ("top_p", top_ps, torch.float32),
+        ("top_k", top_ks, torch.int32),
+        ("min_p", min_ps, torch.float32),
     ]
     if enable_deterministic_sampling:
         seeds = [DEFAULT_SAMPLING_SEED if p.sampling_seed is None else p.sampling_seed for p in params]
-        items.append((seeds, torch.int64))
-    return items, flags
-
-
-def stage_sampling_items(params, enable_deterministic_sampling, backend, stream=None, device=None):
-    """The Python gather staged by `backend`: (tensors with temperatures as [bs, 1], flags)."""
-    items, flags = sampling_items(params, enable_deterministic_sampling)
-    tensors = stage(items, backend, stream, device)
-    tensors[0] = tensors[0].view(-1, 1)
-    return tensors, flags
-
-
-def build_sampling_batch(
-    params, *, enable_deterministic_sampling=False, backend="pinstage", stream=None, device=None
-):
-    """params: one SamplingParams per request, in batch order. All tensors staged in one stage_many
-    (with backend="pinstage", gathered and checked in C++ and staged in one copy).
-
-    Raises ValueError (TypeError for a non-number) naming the request and the field when
-    temperature < 0, top_p outside (0, 1], top_k < 1 (TOP_K_ALL, or -1 at construction, means all),
-    or min_p outside [0, 1].
-    """
-    staged = None
-    if backend == "pinstage":
-        # None when the C++ gather declines (a value it does not convert as Python would, or an
-        # invalid one): the Python gather then stages it or raises the error naming the request.
-        staged = _C._stage_sampling_batch(
-            params, enable_deterministic_sampling, TOP_K_ALL, DEFAULT_SAMPLING_SEED, stream, device
-        )
-    if staged is not None:
-        tensors, *flags = staged
-    else:
-        tensors, flags = stage_sampling_items(params, enable_deterministic_sampling, backend, stream, device)
-    is_all_greedy, need_top_p, need_top_k, need_min_p = flags
+        if params:
+            checked_bounds(seeds, "sampling_seed", lambda v: -(2**63) <= v < 2**63, "an int64 or None", integer=True)
+        fields.append(("sampling_seed", seeds, torch.int64))
+    if need_penalties:
+        fields.append(("penalties", penalties, torch.float32))
+    tensors = stage_fields(fields, backend, stream, device)
     return SamplingBatch(
-        temperatures=tensors[0],
+        temperatures=tensors[0].view(-1, 1),
         top_ps=tensors[1],
         top_ks=tensors[2],
         min_ps=tensors[3],
         seeds=tensors[4] if enable_deterministic_sampling else None,
-        is_all_greedy=is_all_greedy,
-        need_top_p=need_top_p,
-        need_top_k=need_top_k,
-        need_min_p=need_min_p,
+        penalties=tensors[-1].view(-1, 3) if need_penalties else None,
+        is_all_greedy=flags[0],
+        need_top_p=flags[1],
+        need_top_k=flags[2],
+        need_min_p=flags[3],
     )
+
+
+def _check_penalties(penalties):
+    frequency, presence, repetition = zip(*penalties)
+    checked_bounds(frequency, "frequency_penalty", lambda v: -2 <= v <= 2, "in [-2, 2]")
+    checked_bounds(presence, "presence_penalty", lambda v: -2 <= v <= 2, "in [-2, 2]")
+    checked_bounds(repetition, "repetition_penalty", lambda v: 0 < v <= 2, "in (0, 2]")

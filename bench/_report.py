@@ -1,0 +1,144 @@
+"""What the benchmarks print and write: machine description, tables, checks, JSON and plots."""
+import datetime
+import json
+import os
+import platform
+import shlex
+import sys
+
+import torch
+
+
+def machine_meta():
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(shlex.quote(a) for a in [os.path.basename(sys.executable)] + sys.argv),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "gpu": gpu,
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+    }
+
+
+def fmt_us(value, spread=None):
+    """A median in microseconds, with its min-max spread in brackets when given."""
+    if value is None:
+        return "-"
+    text = "%.2f" % value if value < 10 else "%.1f" % value if value < 1000 else "%.0f" % value
+    if spread:
+        lo, hi = spread
+        text += " [%s-%s]" % (("%.1f" % lo if lo < 100 else "%.0f" % lo), ("%.1f" % hi if hi < 100 else "%.0f" % hi))
+    return text
+
+
+def fmt_ratio(value):
+    return "-" if value is None else "%.2fx" % value
+
+
+def print_table(rows):
+    """rows[0] is the header; columns right-aligned but the first."""
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+
+    def line(r):
+        return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+
+    print(line(rows[0]))
+    print("  ".join("-" * w for w in widths))
+    for r in rows[1:]:
+        print(line(r))
+
+
+def check(what, measured, need, ok, detail=""):
+    return {"check": what, "measured": measured, "need": need, "ok": ok, "detail": detail}
+
+
+def print_checks(checks):
+    if not checks:
+        return
+    print()
+    print("Checks")
+    for c in checks:
+        verdict = {True: "met", False: "MISSED", None: "not measured"}[c["ok"]]
+        m = c["measured"]
+        measured = "-" if m is None else ("%.3g" % m if isinstance(m, float) else str(m))
+        line = "  [%s] %s: %s (need %s)" % (verdict, c["check"], measured, c["need"])
+        if c.get("detail"):
+            line += "; " + c["detail"]
+        print(line)
+
+
+def write_json(path, report):
+    os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)
+    print("wrote %s" % path)
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(matplotlib is not installed: no plot written)")
+        return None
+    return plt
+
+
+def _title(meta):
+    return "%s, torch %s" % (meta.get("gpu") or "CPU only (%s)" % meta.get("cpu"), meta.get("torch"))
+
+
+def plot_builders(path, rows, methods, titles, meta):
+    """Host time per call against batch size, one panel per builder, one line per method."""
+    plt = _pyplot()
+    if plt is None:
+        return
+    builders = sorted({r["builder"] for r in rows})
+    fig, axes = plt.subplots(1, len(builders), figsize=(4 * len(builders), 3.6), squeeze=False)
+    for ax, builder in zip(axes[0], builders):
+        mine = sorted((r for r in rows if r["builder"] == builder), key=lambda r: r["bs"])
+        for m in methods:
+            points = [(r["bs"], r["us"][m]) for r in mine if m in r["us"]]
+            if points:
+                ax.plot(*zip(*points), marker="o", label=titles[m])
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(builder)
+        ax.set_xlabel("batch size")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("host us per call")
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle("Builders: host time per call (%s)" % _title(meta), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print("wrote %s" % path)
+
+
+def plot_sizes(path, panels, meta, ylabel="host us per call"):
+    """panels: [(title, {method: [(size, us), ...]})]: one panel each, log-log, a line per method."""
+    plt = _pyplot()
+    if plt is None:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
+    for ax, (title, lines) in zip(axes[0], panels):
+        for method, points in lines.items():
+            if points:
+                ax.plot(*zip(*sorted(points)), marker="o", label=method)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("values per call")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel(ylabel)
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle(_title(meta), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print("wrote %s" % path)

@@ -1,0 +1,197 @@
+#include "buffer_source.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#include "dtypes.h"
+#include "scalar_store.h"
+
+namespace pinstage {
+namespace {
+
+// Borrowed for the life of the process (the modules are never unloaded while torch is loaded).
+PyTypeObject* g_numpy_ndarray = nullptr;
+PyTypeObject* g_numpy_generic = nullptr;
+PyTypeObject* g_array_array = nullptr;
+
+PyTypeObject* as_type(PyObject* o) {
+  if (o == nullptr || o == Py_None) return nullptr;
+  if (!PyType_Check(o)) return nullptr;
+  Py_INCREF(o);  // kept for good: see above
+  return reinterpret_cast<PyTypeObject*>(o);
+}
+
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+constexpr char kNativeOrder = '<';
+#else
+constexpr char kNativeOrder = '>';
+#endif
+
+// The torch dtype of a struct-module format code, by its kind and the exporter's item size (native
+// 'l' is 8 bytes where standard '<l' is 4); Undefined for anything else (complex, structured,
+// object, the other byte order).
+c10::ScalarType element_type_of(const char* format, Py_ssize_t itemsize) {
+  using c10::ScalarType;
+  if (format == nullptr) return itemsize == 1 ? ScalarType::Byte : ScalarType::Undefined;  // "B" by the PEP
+  if (*format == '@' || *format == '=' || *format == kNativeOrder) ++format;
+  if (format[0] == '\0' || format[1] != '\0') return ScalarType::Undefined;
+  const auto by_size = [itemsize](ScalarType s1, ScalarType s2, ScalarType s4, ScalarType s8) {
+    switch (itemsize) {
+      case 1: return s1;
+      case 2: return s2;
+      case 4: return s4;
+      case 8: return s8;
+      default: return ScalarType::Undefined;
+    }
+  };
+  switch (format[0]) {
+    case '?': return itemsize == 1 ? ScalarType::Bool : ScalarType::Undefined;
+    case 'b': case 'h': case 'i': case 'l': case 'q':
+      return by_size(ScalarType::Char, ScalarType::Short, ScalarType::Int, ScalarType::Long);
+    case 'B': case 'H': case 'I': case 'L': case 'Q':
+      return by_size(ScalarType::Byte, ScalarType::UInt16, ScalarType::UInt32, ScalarType::UInt64);
+    case 'e': return itemsize == 2 ? ScalarType::Half : ScalarType::Undefined;
+    case 'f': return itemsize == 4 ? ScalarType::Float : ScalarType::Undefined;
+    case 'd': return itemsize == 8 ? ScalarType::Double : ScalarType::Undefined;
+    default: return ScalarType::Undefined;
+  }
+}
+
+// One element of a sequence, converted as torch.tensor converts the Python number it reads as.
+template <class T, class S>
+bool store_element(const S& v, T* out) {
+  if constexpr (std::is_same_v<S, bool>) {
+    return store_bool<T>(v, out);
+  } else if constexpr (std::is_floating_point_v<S>) {
+    return store_double<T>(static_cast<double>(v), out);
+  } else if constexpr (std::is_signed_v<S>) {
+    return store_int<T>(static_cast<long long>(v), out);
+  } else if constexpr (std::is_integral_v<S>) {
+    if (static_cast<unsigned long long>(v) > static_cast<unsigned long long>(INT64_MAX)) return false;
+    return store_int<T>(static_cast<long long>(v), out);
+  } else {
+    return false;  // half elements: not read as sequences (see open())
+  }
+}
+
+}  // namespace
+
+void register_buffer_types(PyObject* numpy_ndarray, PyObject* numpy_generic, PyObject* array_array) {
+  g_numpy_ndarray = as_type(numpy_ndarray);
+  g_numpy_generic = as_type(numpy_generic);
+  g_array_array = as_type(array_array);
+}
+
+BufferSource::BufferSource(BufferSource&& other) noexcept { *this = std::move(other); }
+
+BufferSource& BufferSource::operator=(BufferSource&& other) noexcept {
+  if (this != &other) {
+    release();
+    view_ = other.view_;
+    held_ = std::exchange(other.held_, false);
+    kind_ = other.kind_;
+    element_type_ = other.element_type_;
+    shape_ = std::move(other.shape_);
+    element_strides_ = std::move(other.element_strides_);
+  }
+  return *this;
+}
+
+BufferSource::~BufferSource() { release(); }
+
+void BufferSource::release() {
+  if (held_) PyBuffer_Release(&view_);
+  held_ = false;
+}
+
+bool BufferSource::open(PyObject* obj) {
+  release();
+  if (g_numpy_ndarray != nullptr && PyObject_TypeCheck(obj, g_numpy_ndarray)) {
+    kind_ = Kind::kNumpyArray;
+  } else if (g_numpy_generic != nullptr && PyObject_TypeCheck(obj, g_numpy_generic)) {
+    kind_ = Kind::kNumpyScalar;
+  } else if ((g_array_array != nullptr && Py_TYPE(obj) == g_array_array) || PyMemoryView_Check(obj) ||
+             PyByteArray_CheckExact(obj)) {
+    kind_ = Kind::kSequence;
+  } else {
+    return false;
+  }
+  if (PyObject_GetBuffer(obj, &view_, PyBUF_RECORDS_RO) != 0) {
+    PyErr_Clear();  // e.g. numpy object arrays: torch.tensor says what is wrong with them
+    return false;
+  }
+  held_ = true;
+  element_type_ = element_type_of(view_.format, view_.itemsize);
+  // torch.tensor reads a memoryview of halves as a sequence it cannot size, and a sequence of more
+  // than one dimension not at all: let it raise its own errors.
+  const bool readable = element_type_ != c10::ScalarType::Undefined &&
+                        (kind_ != Kind::kSequence || (view_.ndim == 1 && element_type_ != c10::ScalarType::Half));
+  if (!readable) {
+    release();
+    return false;
+  }
+  shape_.assign(view_.shape, view_.shape + view_.ndim);
+  element_strides_.resize(static_cast<size_t>(view_.ndim));
+  for (int d = 0; d < view_.ndim; ++d) {  // PyBUF_RECORDS_RO asks for strides: they are filled in
+    // Negative or fractional strides: torch.from_numpy refuses them (ValueError), so torch decides.
+    if (view_.strides[d] < 0 || view_.strides[d] % view_.itemsize != 0) {
+      release();
+      return false;
+    }
+    element_strides_[static_cast<size_t>(d)] = view_.strides[d] / view_.itemsize;
+  }
+  return true;
+}
+
+bool BufferSource::contiguous() const {
+  int64_t expected = 1;
+  for (int64_t d = static_cast<int64_t>(shape_.size()) - 1; d >= 0; --d) {
+    if (shape_[d] != 1 && element_strides_[d] != expected) return false;
+    expected *= shape_[d];
+  }
+  return true;
+}
+
+bool BufferSource::write(c10::ScalarType dtype, void* dst) const {
+  const size_t itemsize = c10::elementSize(element_type_);
+  int64_t numel = 1;
+  for (int64_t s : shape_) numel *= s;  // checked by the caller's plan (checked_nbytes)
+  if (numel == 0) return true;
+  if (dtype == element_type_ && contiguous()) {
+    std::memcpy(dst, view_.buf, static_cast<size_t>(numel) * itemsize);
+    return true;
+  }
+  if (kind_ == Kind::kNumpyArray) {
+    // torch.tensor(array, dtype=...) is torch.from_numpy(array).to(dtype): torch's own copy kernel,
+    // which also gathers a strided array. Python dispatch modes are kept out of it.
+    c10::impl::ExcludeDispatchKeyGuard no_python(c10::DispatchKeySet(
+        {c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+    const at::Tensor src = at::from_blob(view_.buf, shape_, element_strides_, at::TensorOptions().dtype(element_type_));
+    at::from_blob(dst, shape_, at::TensorOptions().dtype(dtype)).copy_(src);
+    return true;
+  }
+  if (kind_ == Kind::kNumpyScalar) return false;  // torch.tensor decides every cast of a numpy scalar
+  // A 1-D sequence of Python numbers: each element as torch.tensor converts that number.
+  const auto* base = static_cast<const uint8_t*>(view_.buf);
+  const Py_ssize_t stride = view_.strides != nullptr ? view_.strides[0] : view_.itemsize;
+  return dispatch_dtype(dtype, [&](auto out_tag) {
+    using T = decltype(out_tag);
+    T* out = static_cast<T*>(dst);
+    return dispatch_dtype(element_type_, [&](auto in_tag) {
+      using S = decltype(in_tag);
+      for (int64_t i = 0; i < numel; ++i) {
+        S v;
+        std::memcpy(&v, base + i * stride, sizeof(S));
+        if (!store_element<T, S>(v, out + i)) return false;
+      }
+      return true;
+    });
+  });
+}
+
+}  // namespace pinstage

@@ -1,0 +1,61 @@
+// Data that exposes its memory through the buffer protocol (PEP 3118): numpy arrays and scalars,
+// array.array, memoryview and bytearray. Their bytes are copied as they are when the element type
+// is the requested one; otherwise they are cast by torch's own rules for that kind of data.
+#pragma once
+
+#include <Python.h>
+#include <c10/core/ScalarType.h>
+#include <c10/util/ArrayRef.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace pinstage {
+
+// Tells pinstage which Python types are numpy's and array's (pinstage/__init__.py passes them;
+// None where a module is not installed). Without it only memoryview and bytearray are read here.
+void register_buffer_types(PyObject* numpy_ndarray, PyObject* numpy_generic, PyObject* array_array);
+
+// A held buffer export. Holding it keeps the exporter from resizing or freeing the memory (numpy,
+// array.array and bytearray refuse to resize while exported) until the bytes have been written.
+class BufferSource {
+ public:
+  // How torch.tensor treats the data, which decides how a cast is done.
+  enum class Kind : uint8_t {
+    kNumpyArray,   // torch.from_numpy(x).to(dtype): torch's tensor cast
+    kNumpyScalar,  // a numpy scalar: exact copies only, torch.tensor decides the rest
+    kSequence,     // a 1-D sequence of Python numbers (array.array, memoryview, bytearray)
+  };
+
+  BufferSource() = default;
+  BufferSource(const BufferSource&) = delete;
+  BufferSource& operator=(const BufferSource&) = delete;
+  BufferSource(BufferSource&& other) noexcept;
+  BufferSource& operator=(BufferSource&& other) noexcept;
+  ~BufferSource();  // releases the export; the GIL is held
+
+  // Exports obj's buffer when obj is data of one of the kinds above whose layout pinstage reads
+  // exactly as torch.tensor would; false (no Python error set) for anything else.
+  bool open(PyObject* obj);
+
+  Kind kind() const { return kind_; }
+  c10::ScalarType element_type() const { return element_type_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+
+  // Writes every element as `dtype` into dst (room for numel(shape) of them). Returns false, maybe
+  // after writing part of dst, when a value is one that torch.tensor must convert itself.
+  bool write(c10::ScalarType dtype, void* dst) const;
+
+ private:
+  void release();
+  bool contiguous() const;
+
+  Py_buffer view_{};
+  bool held_ = false;
+  Kind kind_ = Kind::kSequence;
+  c10::ScalarType element_type_ = c10::ScalarType::Undefined;
+  std::vector<int64_t> shape_;
+  std::vector<int64_t> element_strides_;
+};
+
+}  // namespace pinstage

@@ -1,0 +1,90 @@
+#include "cache_index_plan.h"
+
+#include <ATen/ops/empty.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <tuple>
+
+#include "../tensor_check.h"
+#include "cache_index_checks.h"
+
+namespace py = pybind11;
+
+namespace pinstage {
+namespace {
+
+// prefix_tensors: a list or tuple of one int64 1-D tensor per request, on req_to_token's device;
+// the per-request values are CPU int64 tensors. Returns (prefix_pointers uint64, out_cache_offsets
+// int64), CPU tensors. The prefix tensors and the device tensors are inspected, never read.
+std::tuple<at::Tensor, at::Tensor> cache_index_plan(const at::Tensor& req_to_token, py::handle prefix_tensors,
+                                                    const at::Tensor& req_pool_indices, const at::Tensor& prefix_lens,
+                                                    const at::Tensor& seq_lens, const at::Tensor& extend_lens,
+                                                    const at::Tensor& out_cache_loc) {
+  check_req_to_token(req_to_token);
+  const at::Device device = req_to_token.device();
+  check_out_cache_loc(out_cache_loc, device);
+  const int64_t batch = req_pool_indices.numel();
+  const std::pair<const char*, const at::Tensor*> per_request[] = {
+      {"req_pool_indices", &req_pool_indices}, {"prefix_lens", &prefix_lens}, {"seq_lens", &seq_lens},
+      {"extend_lens", &extend_lens}};
+  for (const auto& [name, t] : per_request) {
+    TORCH_CHECK_VALUE(t->numel() == batch, kOp, ": ", name, " has ", t->numel(), " entries but req_pool_indices has ",
+                      batch);
+    check_per_request(*t, name, at::kLong, batch, at::Device(at::kCPU));
+  }
+  // A list or tuple whose items are read without running Python code (no iteration protocol).
+  PyObject* seq = prefix_tensors.ptr();
+  TORCH_CHECK_TYPE(PyList_CheckExact(seq) || PyTuple_CheckExact(seq), kOp,
+                   ": prefix_tensors must be a list or tuple, got ", Py_TYPE(seq)->tp_name);
+  TORCH_CHECK_VALUE(PySequence_Fast_GET_SIZE(seq) == batch, kOp, ": prefix_tensors has ",
+                    PySequence_Fast_GET_SIZE(seq), " entries but req_pool_indices has ", batch);
+  PyObject** items = PySequence_Fast_ITEMS(seq);
+  const int64_t* rows_of = req_pool_indices.const_data_ptr<int64_t>();
+  const int64_t* prefix = prefix_lens.const_data_ptr<int64_t>();
+  const int64_t* seq_len = seq_lens.const_data_ptr<int64_t>();
+  const int64_t* extend = extend_lens.const_data_ptr<int64_t>();
+
+  at::Tensor pointers = at::empty({batch}, at::TensorOptions().dtype(at::kUInt64));
+  at::Tensor offsets = at::empty({batch}, at::TensorOptions().dtype(at::kLong));
+  auto* pointer_out = static_cast<uint64_t*>(pointers.data_ptr());
+  auto* offset_out = offsets.data_ptr<int64_t>();
+  int64_t running = 0;
+  for (int64_t i = 0; i < batch; ++i) {
+    check_request_span(i, rows_of[i], prefix[i], seq_len[i], req_to_token.size(0), req_to_token.size(1));
+    TORCH_CHECK_VALUE(extend[i] == seq_len[i] - prefix[i], kOp, ": request ", i, ": extend_lens (", extend[i],
+                      ") != seq_lens - prefix_lens (", seq_len[i], " - ", prefix[i], ")");
+    PyObject* obj = items[i];
+    TORCH_CHECK_TYPE(is_tensor(obj), kOp, ": request ", i, ": prefix_tensors entry must be a tensor, got ",
+                     Py_TYPE(obj)->tp_name);
+    const at::Tensor& cached = THPVariable_Unpack(obj);
+    TORCH_CHECK_VALUE(cached.device() == device, kOp, ": request ", i, ": prefix_tensors entry is on ",
+                      cached.device(), " but req_to_token is on ", device);
+    TORCH_CHECK_TYPE(cached.scalar_type() == at::kLong, kOp, ": request ", i,
+                     ": prefix_tensors entry must be torch.int64, got ", dtype_name(cached.scalar_type()));
+    TORCH_CHECK_VALUE(cached.dim() == 1, kOp, ": request ", i, ": prefix_tensors entry must be 1-D, got shape ",
+                      cached.sizes());
+    TORCH_CHECK_VALUE(cached.numel() >= prefix[i], kOp, ": request ", i, ": prefix_tensors entry has ",
+                      cached.numel(), " elements but prefix_lens is ", prefix[i]);
+    TORCH_CHECK_VALUE(prefix[i] <= 1 || cached.stride(0) == 1, kOp, ": request ", i,
+                      ": prefix_tensors entry must be contiguous, got stride ", cached.stride(0));
+    pointer_out[i] = reinterpret_cast<uintptr_t>(cached.const_data_ptr());
+    offset_out[i] = running;
+    TORCH_CHECK_VALUE(!__builtin_add_overflow(running, extend[i], &running), kOp,
+                      ": extend_lens add up to more than 2**63");
+  }
+  TORCH_CHECK_VALUE(running == out_cache_loc.numel(), kOp, ": extend_lens add up to ", running,
+                    " but out_cache_loc has ", out_cache_loc.numel(), " elements");
+  return {pointers, offsets};
+}
+
+}  // namespace
+
+void bind_cache_index_plan(py::module_& m) {
+  m.def("cache_index_plan", &cache_index_plan, py::arg("req_to_token"), py::arg("prefix_tensors"),
+        py::arg("req_pool_indices"), py::arg("prefix_lens"), py::arg("seq_lens"), py::arg("extend_lens"),
+        py::arg("out_cache_loc"),
+        "Validate a write_cache_indices batch on the host (per-request values as CPU int64 tensors) and return "
+        "(prefix data pointers as uint64, each request's offset into out_cache_loc as int64), CPU tensors.");
+}
+
+}  // namespace pinstage

@@ -1,0 +1,35 @@
+// write_cache_indices: fill request-to-token rows with KV slot indices, for a whole batch at once.
+//
+// Row req_pool_indices[i] of req_to_token (int32 [rows, max_context_len]) receives request i's cached
+// prefix (an int64 tensor reached through prefix_pointers[i]) at [0, prefix_lens[i]) and its slice
+// out_cache_loc[out_cache_offsets[i] : out_cache_offsets[i] + seq_lens[i] - prefix_lens[i]] at
+// [prefix_lens[i], seq_lens[i]).
+#pragma once
+
+#include <cstdint>
+
+namespace pinstage {
+
+// What the kernel and the CPU loop read: filled by one function (cache_index_params) from tensors
+// whose dtypes, shapes and devices it has checked.
+struct CacheIndexParams {
+  int32_t* req_to_token;
+  int64_t row_stride;
+  int64_t rows;
+  int64_t max_context_len;
+  int64_t batch;
+  const int64_t* req_pool_indices;
+  const uint64_t* prefix_pointers;
+  const int64_t* prefix_lens;
+  const int64_t* seq_lens;
+  const int64_t* out_cache_offsets;
+  const int64_t* out_cache_loc;
+  int64_t out_cache_len;
+};
+
+#ifdef PINSTAGE_WITH_CUDA
+// One block per request on `stream` (a cudaStream_t); rows whose values are out of bounds are skipped.
+void launch_write_cache_indices(const CacheIndexParams& p, void* stream);
+#endif
+
+}  // namespace pinstage

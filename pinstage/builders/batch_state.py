@@ -1,0 +1,236 @@
+"""BatchState: a running batch's per-request values in persistent numpy columns.
+
+The per-step builders over a list of requests read every request's fields every step. An engine
+that keeps this state instead (vLLM's InputBatch idea) writes a request's fields once, when it
+joins, compacts the columns when requests leave, and updates the last token and length of the
+whole batch at once when sampled tokens come back; a step is then one stage_many of column slices:
+one ring region and one copy, whatever the batch size. pinstage's ring is what makes reusing the
+host memory behind those copies safe: the columns are never the copy's source, the ring is.
+"""
+import numpy as np
+import torch
+
+import pinstage
+
+from .decode import DecodeInputs
+from .requests import NO_PENALTIES, TOP_K_ALL
+from .sampling import DEFAULT_SAMPLING_SEED, SamplingBatch
+
+# name -> (numpy dtype, shape of one row)
+_COLUMNS = {
+    "last_token_ids": (np.int64, ()),
+    "seq_lens": (np.int64, ()),
+    "req_pool_indices": (np.int64, ()),
+    "temperatures": (np.float32, ()),
+    "top_ps": (np.float32, ()),
+    "top_ks": (np.int32, ()),
+    "min_ps": (np.float32, ()),
+    "seeds": (np.int64, ()),
+    "penalties": (np.float32, (3,)),  # frequency, presence, repetition
+    # Per request, from its Python values (as the list builders see them): top_k <= 1, top_p != 1,
+    # top_k != TOP_K_ALL, min_p > 0, some penalty set. Their sums are the batch's counters.
+    "flags": (np.bool_, (5,)),
+}
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+class BatchState:
+    """The requests of a running batch, one row ("slot") each, in batch order.
+
+    `add(request)` writes one request's fields (a Request: origin_input_ids, output_ids,
+    req_pool_idx, sampling_params) and returns its slot; `filter(keep)` / `remove(slots)` compact the
+    batch; `merge(other)` appends another state's requests; `append_tokens(tokens)` records one
+    sampled token per request. The per-step builders (`decode_inputs`, `penalty_last_token_ids`,
+    `sampling_batch`) each stage their tensors with one `pinstage.stage_many` and give the same
+    tensors as the list-of-requests builders on the same requests. The sampling flags come from
+    counters kept by add/filter/merge, not from a scan per step.
+
+    `requests` lists the request objects in slot order, for the engine's own bookkeeping; the state
+    never reads them after `add` (append_tokens does not append to their output_ids).
+    """
+
+    def __init__(self, capacity=64):
+        self._size = 0
+        self._cols = {name: np.zeros((max(1, capacity),) + row, dtype) for name, (dtype, row) in _COLUMNS.items()}
+        self.requests = []
+        self._counts = np.zeros(5, dtype=np.int64)  # the flags column summed over the batch
+
+    def __len__(self):
+        return self._size
+
+    def column(self, name):
+        """A read-only view of one column over the batch (see _COLUMNS for the names)."""
+        view = self._cols[name][: self._size]
+        view.flags.writeable = False
+        return view
+
+    # ----------------------------------------------------------------------------- membership
+
+    def add(self, request):
+        """Append one request; returns its slot. Raises (naming the field) for a request without
+        tokens, a req_pool_idx that is not an int >= 0, or sampling parameters that are not valid;
+        the state is unchanged then."""
+        tokens = request.output_ids or request.origin_input_ids
+        if not len(tokens):
+            raise ValueError("BatchState.add: origin_input_ids and output_ids are both empty, so it has no last token")
+        last = _checked_int("last token id", tokens[-1], *_INT64)
+        row = _checked_int("req_pool_idx", request.req_pool_idx, 0, _INT64[1])
+        params = request.sampling_params
+        try:
+            params.validate()
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"BatchState.add: {exc}") from None
+        if params.top_k == -1:
+            raise ValueError("BatchState.add: SamplingParams.top_k is -1; set it through the constructor (TOP_K_ALL)")
+        slot = self._size
+        self._reserve(slot + 1)
+        c = self._cols
+        c["last_token_ids"][slot] = last
+        c["seq_lens"][slot] = len(request.origin_input_ids) + len(request.output_ids)
+        c["req_pool_indices"][slot] = row
+        c["temperatures"][slot] = params.temperature
+        c["top_ps"][slot] = params.top_p
+        c["top_ks"][slot] = params.top_k
+        c["min_ps"][slot] = params.min_p
+        c["seeds"][slot] = DEFAULT_SAMPLING_SEED if params.sampling_seed is None else params.sampling_seed
+        c["penalties"][slot] = params.penalties
+        flags = (params.top_k <= 1, params.top_p != 1, params.top_k != TOP_K_ALL, params.min_p > 0,
+                 params.penalties != NO_PENALTIES)
+        c["flags"][slot] = flags
+        self._counts += flags
+        self.requests.append(request)
+        self._size = slot + 1
+        return slot
+
+    def filter(self, keep):
+        """Keep the slots listed in `keep` (distinct, in the order given: usually ascending, which
+        keeps batch order) and drop the others; kept requests get slots 0..len(keep)-1."""
+        keep = np.asarray(keep, dtype=np.int64).reshape(-1)
+        n = self._size
+        if keep.size and (keep.min() < 0 or keep.max() >= n):
+            bad = int(keep[(keep < 0) | (keep >= n)][0])
+            raise IndexError(f"BatchState.filter: slot {bad} is outside the batch of {n}")
+        kept = np.zeros(n, dtype=bool)
+        kept[keep] = True
+        if int(kept.sum()) != keep.size:
+            raise ValueError("BatchState.filter: keep lists a slot more than once")
+        self._counts -= self._cols["flags"][:n][~kept].sum(axis=0)
+        for col in self._cols.values():
+            col[: keep.size] = col[keep]  # fancy indexing copies first, so overlapping moves are safe
+        self.requests = [self.requests[i] for i in keep.tolist()]
+        self._size = keep.size
+
+    def remove(self, slots):
+        """Drop the given slots, keeping the others in batch order."""
+        dropped = np.zeros(self._size, dtype=bool)
+        dropped[np.asarray(slots, dtype=np.int64).reshape(-1)] = True
+        self.filter(np.flatnonzero(~dropped))
+
+    def merge(self, other):
+        """Append every request of `other` after this state's, in its order."""
+        n, m = self._size, other._size
+        self._reserve(n + m)
+        for name, col in self._cols.items():
+            col[n : n + m] = other._cols[name][:m]
+        self._counts += other._counts
+        self.requests.extend(other.requests)
+        self._size = n + m
+
+    def append_tokens(self, tokens):
+        """One sampled token per request, in slot order (a numpy array or CPU tensor of ints): each
+        becomes its request's last token and its length grows by one."""
+        if isinstance(tokens, torch.Tensor):
+            tokens = tokens.numpy()
+        tokens = np.asarray(tokens)
+        n = self._size
+        if tokens.shape != (n,):
+            raise ValueError(f"BatchState.append_tokens: expected {n} tokens (one per request), got shape {tokens.shape}")
+        if tokens.dtype.kind not in "iu":
+            raise TypeError(f"BatchState.append_tokens: tokens must be integers, got {tokens.dtype}")
+        self._cols["last_token_ids"][:n] = tokens
+        self._cols["seq_lens"][:n] += 1
+
+    # ----------------------------------------------------------------------------- flags
+
+    @property
+    def is_all_greedy(self):
+        return self._counts[0] == self._size
+
+    @property
+    def need_top_p(self):
+        return self._counts[1] > 0
+
+    @property
+    def need_top_k(self):
+        return self._counts[2] > 0
+
+    @property
+    def need_min_p(self):
+        return self._counts[3] > 0
+
+    @property
+    def need_penalties(self):
+        return self._counts[4] > 0
+
+    # ----------------------------------------------------------------------------- per step
+
+    def decode_inputs(self, *, stream=None, device=None):
+        """DecodeInputs (input_ids, seq_lens, req_pool_indices: int64 [bs]) in one copy."""
+        n, c = self._size, self._cols
+        return DecodeInputs(*pinstage.stage_many(
+            [(c["last_token_ids"][:n], torch.int64), (c["seq_lens"][:n], torch.int64),
+             (c["req_pool_indices"][:n], torch.int64)],
+            stream, device=device,
+        ))
+
+    def penalty_last_token_ids(self, *, stream=None, device=None):
+        """int64 [bs]: each request's last token."""
+        return pinstage.stage_to_device(self._cols["last_token_ids"][: self._size], torch.int64, stream, device=device)
+
+    def sampling_batch(self, *, enable_deterministic_sampling=False, stream=None, device=None):
+        """SamplingBatch (as build_sampling_batch gives it) in one copy."""
+        n, c = self._size, self._cols
+        items = [
+            (c["temperatures"][:n].reshape(n, 1), torch.float32),
+            (c["top_ps"][:n], torch.float32),
+            (c["top_ks"][:n], torch.int32),
+            (c["min_ps"][:n], torch.float32),
+        ]
+        if enable_deterministic_sampling:
+            items.append((c["seeds"][:n], torch.int64))
+        need_penalties = self.need_penalties
+        if need_penalties:
+            items.append((c["penalties"][:n], torch.float32))
+        tensors = pinstage.stage_many(items, stream, device=device)
+        return SamplingBatch(
+            temperatures=tensors[0],
+            top_ps=tensors[1],
+            top_ks=tensors[2],
+            min_ps=tensors[3],
+            seeds=tensors[4] if enable_deterministic_sampling else None,
+            penalties=tensors[-1] if need_penalties else None,
+            is_all_greedy=bool(self.is_all_greedy),
+            need_top_p=bool(self.need_top_p),
+            need_top_k=bool(self.need_top_k),
+            need_min_p=bool(self.need_min_p),
+        )
+
+    # ----------------------------------------------------------------------------- storage
+
+    def _reserve(self, rows):
+        capacity = len(self._cols["seq_lens"])
+        if rows <= capacity:
+            return
+        capacity = max(rows, 2 * capacity)
+        for name, col in self._cols.items():
+            grown = np.zeros((capacity,) + col.shape[1:], col.dtype)
+            grown[: self._size] = col[: self._size]
+            self._cols[name] = grown
+
+
+def _checked_int(field, value, lo, hi):
+    if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"BatchState.add: {field} must be an int, got {type(value).__name__} {value!r}")
+    if not lo <= value <= hi:
+        raise ValueError(f"BatchState.add: {field} must be in [{lo}, {hi}], got {value!r}")
+    return int(value)

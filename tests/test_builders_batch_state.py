@@ -1,0 +1,228 @@
+"""BatchState: its per-step builders give the tensors the list-of-requests builders give for the
+same requests, through any sequence of add / remove / filter / merge / append_tokens."""
+import numpy as np
+import pytest
+import torch
+from builders_support import DEVICES, assert_fields_equal, random_params, run_while_stream_busy
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+import pinstage
+from pinstage.builders import (
+    BatchState, Request, SamplingParams, build_decode_inputs, build_penalty_last_token_ids, build_sampling_batch,
+)
+
+
+def random_request(rng, row):
+    prompt = [rng.randrange(1 << 17) for _ in range(rng.randint(1, 5))]
+    output = [rng.randrange(1 << 17) for _ in range(rng.choice([0, 0, 1, 4]))]
+    return Request(prompt, output, req_pool_idx=row, sampling_params=random_params(rng, 1)[0])
+
+
+def assert_state_matches_requests(state, requests, device="cpu"):
+    """Every per-step builder of the state equals the list builder on `requests` (the model)."""
+    assert len(state) == len(requests)
+    assert_fields_equal(state.decode_inputs(device=device), build_decode_inputs(requests, device=device))
+    assert torch.equal(state.penalty_last_token_ids(device=device).cpu(),
+                       build_penalty_last_token_ids(requests, device=device).cpu())
+    params = [r.sampling_params for r in requests]
+    for deterministic in (False, True):
+        got = state.sampling_batch(enable_deterministic_sampling=deterministic, device=device)
+        want = build_sampling_batch(params, enable_deterministic_sampling=deterministic, device=device)
+        assert_fields_equal(got, want)
+
+
+class BatchStateMachine(RuleBasedStateMachine):
+    """A BatchState next to the list of Request objects it stands for; after every step the two
+    must give equal tensors."""
+
+    @initialize(data=st.data())
+    def start(self, data):
+        self.rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+        self.state = BatchState(capacity=data.draw(st.integers(1, 8)))
+        self.requests = []
+        self.next_row = 0
+
+    def new_request(self, data):
+        prompt = data.draw(st.lists(st.integers(0, 2**40), min_size=1, max_size=4))
+        output = data.draw(st.lists(st.integers(0, 2**40), max_size=3))
+        params = SamplingParams(
+            temperature=data.draw(st.sampled_from([0.0, 0.7, 1.0, 1.5])),
+            top_p=data.draw(st.sampled_from([1.0, 0.9, 0.3])),
+            top_k=data.draw(st.sampled_from([-1, 1, 5, 40])),
+            min_p=data.draw(st.sampled_from([0.0, 0.05, 1e-50])),
+            sampling_seed=data.draw(st.sampled_from([None, 7, 2**62])),
+            frequency_penalty=data.draw(st.sampled_from([0.0, 0.0, 0.5, -1.0])),
+            presence_penalty=data.draw(st.sampled_from([0.0, 0.0, 0.25])),
+            repetition_penalty=data.draw(st.sampled_from([1.0, 1.0, 1.2, 0.8])),
+        )
+        self.next_row += 1
+        return Request(prompt, output, req_pool_idx=self.next_row, sampling_params=params)
+
+    @rule(data=st.data(), count=st.integers(1, 4))
+    def add(self, data, count):
+        for _ in range(count):
+            request = self.new_request(data)
+            assert self.state.add(request) == len(self.requests)
+            self.requests.append(request)
+
+    @rule(data=st.data())
+    def remove(self, data):
+        if not self.requests:
+            return
+        slots = data.draw(st.sets(st.integers(0, len(self.requests) - 1), max_size=len(self.requests)))
+        self.state.remove(sorted(slots))
+        self.requests = [r for i, r in enumerate(self.requests) if i not in slots]
+
+    @rule(data=st.data())
+    def filter_reordered(self, data):
+        if not self.requests:
+            return
+        keep = data.draw(st.permutations(range(len(self.requests))))
+        keep = keep[: data.draw(st.integers(0, len(keep)))]
+        self.state.filter(keep)
+        self.requests = [self.requests[i] for i in keep]
+
+    @rule(data=st.data(), count=st.integers(0, 3))
+    def merge(self, data, count):
+        other = BatchState(capacity=1)
+        for _ in range(count):
+            request = self.new_request(data)
+            other.add(request)
+            self.requests.append(request)
+        self.state.merge(other)
+
+    @rule(as_tensor=st.booleans())
+    def append_tokens(self, as_tensor):
+        tokens = self.rng.integers(0, 1 << 20, len(self.requests), dtype=np.int64)
+        self.state.append_tokens(torch.from_numpy(tokens) if as_tensor else tokens)
+        for request, token in zip(self.requests, tokens.tolist()):
+            request.output_ids = request.output_ids + [token]
+
+    @invariant()
+    def equal_to_the_list_builders(self):
+        if hasattr(self, "state"):
+            assert self.state.requests == self.requests
+            assert_state_matches_requests(self.state, self.requests)
+
+
+# A fixed seed and budget: deterministic, and a few seconds in CI.
+TestBatchStateMachine = seed(20261130)(BatchStateMachine.TestCase)
+TestBatchStateMachine.settings = settings(
+    max_examples=60, stateful_step_count=25, deadline=None, suppress_health_check=list(HealthCheck)
+)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_state_equals_list_builders_on_random_batches(rng, device):
+    state, requests = BatchState(capacity=2), []
+    for step in range(30):
+        for _ in range(rng.randint(0, 6)):
+            request = random_request(rng, len(requests) + 100 * step)
+            state.add(request)
+            requests.append(request)
+        if requests and rng.random() < 0.5:
+            drop = sorted(rng.sample(range(len(requests)), rng.randint(1, len(requests))))
+            state.remove(drop)
+            requests = [r for i, r in enumerate(requests) if i not in set(drop)]
+        tokens = np.array([rng.randrange(1 << 17) for _ in requests], dtype=np.int64)
+        state.append_tokens(tokens)
+        for r, t in zip(requests, tokens.tolist()):
+            r.output_ids = r.output_ids + [t]
+        assert_state_matches_requests(state, requests, device)
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+
+def test_flags_come_from_counters():
+    state = BatchState()
+    assert state.is_all_greedy and not (state.need_top_p or state.need_top_k or state.need_min_p)
+    state.add(Request([1], sampling_params=SamplingParams(temperature=0.0)))
+    state.add(Request([2], sampling_params=SamplingParams(top_p=0.5, min_p=0.1, repetition_penalty=1.1)))
+    assert not state.is_all_greedy and state.need_top_p and state.need_top_k and state.need_min_p
+    assert state.need_penalties
+    state.remove([1])
+    assert state.is_all_greedy and state.need_top_k and not state.need_top_p and not state.need_min_p
+    assert not state.need_penalties
+    state.filter([])
+    assert len(state) == 0 and state.is_all_greedy and not state.need_top_k
+
+
+def test_numpy_columns_are_staged_without_fallback():
+    state = BatchState()
+    for i in range(50):
+        state.add(Request([i + 1], req_pool_idx=i, sampling_params=SamplingParams(frequency_penalty=0.5)))
+    before = pinstage.stats(device="cpu")["fallbacks"]
+    state.decode_inputs(device="cpu")
+    state.sampling_batch(enable_deterministic_sampling=True, device="cpu")
+    state.penalty_last_token_ids(device="cpu")
+    assert pinstage.stats(device="cpu")["fallbacks"] == before
+
+
+@pytest.mark.parametrize(
+    "make, error, message",
+    [
+        (lambda: Request([], []), ValueError, "no last token"),
+        (lambda: Request([1], req_pool_idx=-1), ValueError, "req_pool_idx must be in"),
+        (lambda: Request([1], req_pool_idx=2.0), TypeError, "req_pool_idx must be an int"),
+        (lambda: Request(["x"]), TypeError, "last token id must be an int"),
+        (lambda: Request([2**64]), ValueError, "last token id must be in"),
+    ],
+)
+def test_add_refuses_bad_requests_and_leaves_the_state_unchanged(make, error, message):
+    state = BatchState()
+    state.add(Request([5], [6], req_pool_idx=3))
+    with pytest.raises(error, match=message):
+        state.add(make())
+    assert len(state) == 1 and state.decode_inputs(device="cpu").input_ids.tolist() == [6]
+
+
+def test_add_revalidates_params_changed_after_construction():
+    params = SamplingParams()
+    params.top_k = 2.5
+    with pytest.raises(TypeError, match="top_k must be an int"):
+        BatchState().add(Request([1], sampling_params=params))
+
+
+def test_filter_and_append_tokens_check_their_arguments():
+    state = BatchState()
+    for i in range(3):
+        state.add(Request([i + 1]))
+    with pytest.raises(IndexError, match="slot 3 is outside the batch of 3"):
+        state.filter([0, 3])
+    with pytest.raises(ValueError, match="more than once"):
+        state.filter([1, 1])
+    with pytest.raises(ValueError, match="expected 3 tokens"):
+        state.append_tokens(np.zeros(2, dtype=np.int64))
+    with pytest.raises(TypeError, match="must be integers"):
+        state.append_tokens(np.zeros(3, dtype=np.float32))
+    assert state.decode_inputs(device="cpu").input_ids.tolist() == [1, 2, 3]
+
+
+@pytest.mark.cuda
+def test_batch_state_builders_do_not_wait_for_a_busy_stream(rng):
+    state = BatchState()
+    requests = [random_request(rng, i) for i in range(256)]
+    for r in requests:
+        state.add(r)
+    stream = torch.cuda.Stream()
+    for build in (lambda: state.decode_inputs(stream=stream), lambda: state.penalty_last_token_ids(stream=stream),
+                  lambda: state.sampling_batch(enable_deterministic_sampling=True, stream=stream)):
+        build()
+        result, still_busy = run_while_stream_busy(build, stream)
+        assert still_busy, "the builder returned only after the busy stream finished"
+    torch.cuda.synchronize()
+    assert_state_matches_requests(state, requests, "cuda")
+
+
+@settings(max_examples=40, deadline=None)
+@seed(7)
+@given(st.lists(st.integers(1, 30), min_size=1, max_size=40))
+def test_logits_builder_takes_numpy_lengths(lens):
+    from pinstage.builders import build_logprob_indices
+
+    starts = [n // 2 for n in lens]
+    got = build_logprob_indices(np.array(lens), np.array(starts, dtype=np.int32), device="cpu")
+    want = build_logprob_indices(lens, starts, device="cpu", backend="blocking")
+    assert_fields_equal(got, want)
