@@ -15,6 +15,7 @@ from setuptools import find_packages, setup
 from torch.utils import cpp_extension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+CSRC = os.path.join(ROOT, "csrc")
 
 
 def _flag(name):
@@ -39,22 +40,23 @@ def _want_cuda():
 
 def _extension():
     with_cuda = _want_cuda()
-    cpp = sorted(glob.glob(os.path.join("csrc", "*.cpp")) + glob.glob(os.path.join("csrc", "kernels", "*.cpp")))
+    cpp = sorted(glob.glob(os.path.join("csrc", "*", "*.cpp")))
     # The C++ standard is the one torch requires (it adds the flag); -g0 drops the debug info that
     # Python's own CFLAGS ask for, which doubles compile time on torch's headers.
     cxx_flags = ["-O3", "-g0"]
     if not with_cuda:
-        return cpp_extension.CppExtension("pinstage._C", cpp, extra_compile_args={"cxx": cxx_flags})
+        return cpp_extension.CppExtension("pinstage._C", cpp, include_dirs=[CSRC], extra_compile_args={"cxx": cxx_flags})
     import torch
 
     if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
         # torch would guess from a GPU it cannot see; Ampere and Hopper cover the engines' fleets,
         # and the PTX lets newer GPUs JIT the (tiny) kernels.
         os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0+PTX"
-    cu = sorted(glob.glob(os.path.join("csrc", "kernels", "*.cu")))
+    cu = sorted(glob.glob(os.path.join("csrc", "*", "*.cu")))
     return cpp_extension.CUDAExtension(
         "pinstage._C",
         cpp + cu,
+        include_dirs=[CSRC],
         define_macros=[("PINSTAGE_WITH_CUDA", "1")],
         extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3"]},
     )

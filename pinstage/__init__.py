@@ -1,9 +1,11 @@
-"""pinstage: per-step host data onto the GPU through a pinned staging ring, without waiting.
+"""pinstage: per-step host data onto the GPU through a pinned ring, without waiting.
 
     import pinstage
     ids = pinstage.stage_to_device(last_token_ids, torch.int64)           # current stream
     temps, top_ps = pinstage.stage_many([(t, torch.float32), (p, torch.float32)], stream)
     pinstage.stage_into(positions, graph_static_input)                    # before graph.replay()
+    with pinstage.fetch_to_host(next_tokens) as tokens:                   # device -> host, no wait
+        ...
 
 Results equal torch.tensor(data, dtype=dtype) on the target device. The values are converted
 straight into pinned ring memory and moved with one asynchronous copy on the caller's stream; a ring
@@ -11,16 +13,42 @@ byte is written again only after a CUDA event recorded behind the copy that read
 """
 import torch  # loads libtorch before the extension that links against it
 
-from . import _C, _fallback, testing
+try:
+    from . import _C
+except ImportError as exc:  # a source checkout whose extension was not built
+    raise ImportError(
+        "pinstage's compiled extension (pinstage._C) is not built or does not load (%s). Build it with "
+        "`pip install --no-build-isolation .` (or `python setup.py build_ext --inplace` in a checkout)." % exc
+    ) from exc
+
+from . import _fallback, testing
+from ._api import (
+    FetchHandle,
+    RingFullError,
+    configure,
+    empty_cache,
+    fetch_many,
+    fetch_to_host,
+    stage_into,
+    stage_many,
+    stage_to_device,
+    stats,
+)
 
 _C._set_fallback(_fallback.host_tensor)
 _fallback.register_buffer_types()
 
-stage_to_device = _C.stage_to_device
-stage_many = _C.stage_many
-stage_into = _C.stage_into
-stats = _C.stats
-configure = _C.configure
-
-__all__ = ["stage_to_device", "stage_many", "stage_into", "stats", "configure", "testing"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+__all__ = [
+    "FetchHandle",
+    "RingFullError",
+    "configure",
+    "empty_cache",
+    "fetch_many",
+    "fetch_to_host",
+    "stage_into",
+    "stage_many",
+    "stage_to_device",
+    "stats",
+    "testing",
+]

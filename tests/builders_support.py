@@ -1,5 +1,6 @@
 """Shared pieces of the builder tests: devices, the three backends, tensor equality, a busy stream."""
 import pytest
+import staging_reference
 import torch
 
 from pinstage.builders import BACKENDS, Request, SamplingParams
@@ -42,10 +43,9 @@ def random_params(rng, bs):
 
 
 def assert_same_tensor(actual, expected, name=""):
-    assert actual.dtype == expected.dtype, (name, actual.dtype, expected.dtype)
-    assert actual.shape == expected.shape, (name, actual.shape, expected.shape)
+    """Equal values, dtype and shape (staging_reference's check) on the same device."""
     assert actual.device == expected.device, (name, actual.device, expected.device)
-    assert torch.equal(actual.cpu(), expected.cpu()), (name, actual, expected)
+    staging_reference.assert_same_tensor(actual, expected.cpu(), name)
 
 
 def assert_fields_equal(actual, expected):

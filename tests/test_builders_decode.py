@@ -24,21 +24,14 @@ def test_decode_inputs_equal_across_backends_and_reference(rng, device, bs):
         assert_fields_equal(result, results["blocking"])
     got = results["pinstage"]
     assert got.input_ids.device.type == device
+    for backend in results:
+        ids = build_penalty_last_token_ids(requests, backend=backend, device=device)
+        assert_same_tensor(ids.cpu(), expected_last_tokens(requests), backend)
     assert_same_tensor(got.input_ids.cpu(), expected_last_tokens(requests))
     seq_lens = [len(r.origin_input_ids) + len(r.output_ids) for r in requests]
     assert_same_tensor(got.seq_lens.cpu(), torch.tensor(seq_lens, dtype=torch.int64))
     pool = [r.req_pool_idx for r in requests]
     assert_same_tensor(got.req_pool_indices.cpu(), torch.tensor(pool, dtype=torch.int64))
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("bs", BATCH_SIZES)
-def test_penalty_last_token_ids_equal_across_backends(rng, device, bs):
-    requests = random_requests(rng, bs)
-    results = results_by_backend(lambda **kw: build_penalty_last_token_ids(requests, **kw), device)
-    for ids in results.values():
-        assert_same_tensor(ids.cpu(), expected_last_tokens(requests))
-        assert ids.device.type == device
 
 
 def test_last_token_is_the_prompt_tail_before_any_output():

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 
 import pytest
 import torch
@@ -33,7 +32,9 @@ from staging_reference import (  # noqa: E402
 DTYPE_IDS = [dtype_name(d) for d in DTYPES]
 # Building numpy inputs from out-of-range doubles (inf by design) makes numpy warn.
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
-CYCLES_PER_US = 1980  # torch.cuda._sleep cycles per microsecond on the H200 (about right elsewhere)
+# torch.cuda._sleep counts GPU cycles; sleeps are sized for a ~2 GHz clock. No test concludes anything
+# from how long a call took: "the host did not wait" is an event still pending after the call.
+CYCLES_PER_US = 2000
 SMALL_RING = 4096
 STATS_KEYS = (
     "ring_bytes",
@@ -281,29 +282,6 @@ def test_staging_never_synchronises(guard):
     check_staged(records + into)
 
 
-def test_wait_mode_raises_inside_no_sync():
-    """on_full='wait' is a host wait: no_sync must catch it, and the ring must survive the error."""
-    pinstage.configure(ring_bytes=SMALL_RING, on_full="wait")
-    rng = seeded_rng("wait-nosync")
-    records = []
-    done = busy(200)
-    raised = None
-    with pinstage.testing.no_sync():
-        for i in range(1000):
-            data = natural_values(torch.int64, 16, rng)
-            try:
-                records.append((pinstage.stage_to_device(data, torch.int64), data, torch.int64))
-            except RuntimeError as exc:
-                raised = exc
-                break
-    assert raised is not None, "filled a %d-byte ring %d times over with the GPU busy and never waited" % (
-        SMALL_RING, 1000 * 128 // SMALL_RING)
-    assert_still_busy(done, "the ring filled")
-    check_staged(records)
-    after = natural_values(torch.int64, 16, rng)
-    check_staged([(pinstage.stage_to_device(after, torch.int64), after, torch.int64)])
-
-
 # ---------------------------------------------------------------------------------------------
 # The ring: no reuse before the copy that read a region has run
 
@@ -355,24 +333,33 @@ def test_no_reuse_race_with_wait():
     assert after["overflows"] == before["overflows"], "on_full='wait' overflowed for requests smaller than the ring"
 
 
-def test_error_mode_raises_and_keeps_earlier_results():
-    pinstage.configure(ring_bytes=SMALL_RING, on_full="error")
-    rng = seeded_rng("race-error")
+@pytest.mark.parametrize("on_full", ["wait", "error"])
+def test_full_ring_raises_and_keeps_earlier_results(on_full):
+    """A full ring behind a busy GPU: on_full="error" raises RingFullError; on_full="wait" must wait,
+    which inside no_sync() is an error too. Either way earlier results stay intact and the ring
+    serves later calls."""
+    pinstage.configure(ring_bytes=SMALL_RING, on_full=on_full)
+    rng = seeded_rng("full-ring", on_full)
     records = []
     done = busy(200)
     raised = None
-    for i in range(1000):
-        data = natural_values(torch.int32, 8 + i % 20, rng)
-        try:
-            records.append((pinstage.stage_to_device(data, torch.int32), data, torch.int32))
-        except RuntimeError as exc:
-            raised = exc
-            break
-    assert raised is not None, "on_full='error' never raised with a %d-byte ring behind a busy GPU" % SMALL_RING
-    assert len(records) > 0
-    # Further requests keep failing (not corrupting) while the ring is full.
-    with pytest.raises(RuntimeError):
-        pinstage.stage_many([([1, 2, 3], torch.int64), ([4.0] * 300, torch.float32)])
+    with pinstage.testing.no_sync():
+        for i in range(1000):
+            data = natural_values(torch.int32, 8 + i % 20, rng)
+            try:
+                records.append((pinstage.stage_to_device(data, torch.int32), data, torch.int32))
+            except RuntimeError as exc:
+                raised = exc
+                break
+        # Further requests keep failing (not corrupting) while the ring is full.
+        with pytest.raises(RuntimeError):
+            pinstage.stage_many([([1, 2, 3], torch.int64), ([4.0] * 300, torch.float32)])
+    assert raised is not None, "filled a %d-byte ring many times over with the GPU busy, never refused" % SMALL_RING
+    if on_full == "error":
+        assert isinstance(raised, pinstage.RingFullError), type(raised)
+    else:
+        assert "synchronisation is an error" in str(raised), raised
+    assert records, "the first stagings should have fitted"
     assert_still_busy(done, "the ring filled")
     check_staged(records)
     again = natural_values(torch.int32, 64, rng)
@@ -701,17 +688,13 @@ def test_host_never_waits_for_a_busy_gpu():
         pinstage.stage_to_device(d, torch.int64)
     torch.cuda.synchronize()
     before = _stats()
-    sleep_ms = 50
     kept = []
-    done = busy(sleep_ms)
-    t0 = time.perf_counter()
+    done = busy(50)
     for d in data:
         kept.append(pinstage.stage_to_device(d, torch.int64))
-    elapsed = time.perf_counter() - t0
     still_busy = not done.query()
     after = _stats()
-    assert elapsed < sleep_ms / 2 / 1000, "%d stagings took %.1f ms behind a %d ms kernel" % (len(data), elapsed * 1e3, sleep_ms)
-    assert still_busy
+    assert still_busy, "400 stagings returned only after the kernel queued before them had finished"
     assert after["waits"] == before["waits"] and after["overflows"] == before["overflows"]
     check_staged([(k, d, torch.int64) for k, d in zip(kept, data)])
 

@@ -4,13 +4,31 @@ The CUDA ring uses the same RingAllocator template with CUDA events as its fence
 (alignment, wraparound, no reuse before completion, in-order release, counters) are the ones the
 device path runs.
 """
+import os
 import random
 
 import pytest
+from torch.utils import cpp_extension
 
-from pinstage import _C
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
 
-Ring = _C._RingAllocatorForTest
+
+def _build_extension():
+    """The test-only extension around RingAllocator, built once per checkout (cached in tests/.build)."""
+    build_dir = os.path.join(HERE, ".build", "ring_allocator_ext")
+    os.makedirs(build_dir, exist_ok=True)
+    return cpp_extension.load(
+        name="ring_allocator_ext",
+        sources=[os.path.join(HERE, "ring_allocator_ext.cpp")],
+        extra_include_paths=[os.path.join(ROOT, "csrc")],
+        extra_cflags=["-O1", "-g0"],
+        build_directory=build_dir,
+        verbose=False,
+    )
+
+
+Ring = _build_extension().RingAllocator
 
 
 def test_reservations_are_aligned_and_consecutive():

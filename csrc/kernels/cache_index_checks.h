@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "../dtypes.h"
+#include "convert/dtypes.h"
 
 namespace pinstage {
 

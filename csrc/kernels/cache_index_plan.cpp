@@ -1,12 +1,12 @@
-#include "cache_index_plan.h"
+#include "kernels/cache_index_plan.h"
 
 #include <ATen/ops/empty.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <tuple>
 
-#include "../tensor_check.h"
-#include "cache_index_checks.h"
+#include "python/tensor_check.h"
+#include "kernels/cache_index_checks.h"
 
 namespace py = pybind11;
 

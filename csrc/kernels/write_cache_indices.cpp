@@ -14,9 +14,9 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
-#include "../dtypes.h"
-#include "cache_index_checks.h"
-#include "write_cache_indices.h"
+#include "convert/dtypes.h"
+#include "kernels/cache_index_checks.h"
+#include "kernels/write_cache_indices.h"
 
 namespace pinstage {
 namespace {

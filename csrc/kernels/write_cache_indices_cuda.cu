@@ -2,7 +2,7 @@
 #include <c10/cuda/CUDAException.h>
 #include <cuda_runtime_api.h>
 
-#include "write_cache_indices.h"
+#include "kernels/write_cache_indices.h"
 
 namespace pinstage {
 namespace {

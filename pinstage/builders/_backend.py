@@ -24,7 +24,7 @@ def stage(items, backend="pinstage", stream=None, device=None):
     if backend == "pinstage":
         return pinstage.stage_many(items, stream, device=device)
     check_backend(backend)
-    target = _C._target_device(stream, device)
+    target = _C.target_device(stream, device)
     if target.type == "cpu":
         return [torch.as_tensor(values, dtype=dtype).clone() for values, dtype in items]
     with torch.cuda.stream(stream):

@@ -1,4 +1,4 @@
-#include "convert.h"
+#include "convert/convert.h"
 
 #include <c10/util/Exception.h>
 #include <c10/util/TypeCast.h>
@@ -7,8 +7,8 @@
 #include <limits>
 #include <type_traits>
 
-#include "dtypes.h"
-#include "scalar_store.h"
+#include "convert/dtypes.h"
+#include "convert/scalar_store.h"
 
 namespace pinstage {
 namespace {

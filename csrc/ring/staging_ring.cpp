@@ -1,5 +1,5 @@
 #ifdef PINSTAGE_WITH_CUDA
-#include "staging_ring.h"
+#include "ring/staging_ring.h"
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -18,10 +18,6 @@ constexpr size_t kReclaimEvery = 32;
 
 // An open fence covers at most this share of the ring (see stream_fence.h).
 constexpr size_t kFencesPerRing = 64;
-
-void free_pinned(uint8_t* p) {
-  if (p != nullptr) C10_CUDA_CHECK(cudaFreeHost(p));
-}
 
 }  // namespace
 
@@ -50,8 +46,13 @@ void StagingRing::release_completed_locked() {
   for (auto& retired : retired_) retired->ring.release_completed(is_done, recycle);
 }
 
-void StagingRing::free_drained_slabs_locked() {
-  // Only from configure(): cudaFreeHost may synchronise the device, so never on a staging call.
+void StagingRing::free_unused() {
+  std::lock_guard<std::mutex> lock(mu_);
+  release_completed_locked();
+  c10::cuda::CUDAGuard device_guard(device_);
+  c10::cuda::CUDAStreamCaptureModeGuard capture_mode(cudaStreamCaptureModeRelaxed);
+  overflow_.release_completed(fences_);
+  overflow_.free_spare(0);
   for (size_t i = 0; i < retired_.size();) {
     if (retired_[i]->ring.pending_regions() == 0) {
       free_pinned(retired_[i]->base);
@@ -83,13 +84,17 @@ std::optional<HostLease> StagingRing::try_acquire(size_t bytes) {
   const OnFull mode = on_full();
   const bool can_ever_fit = bytes <= capacity_;
   if (mode == OnFull::kError) {
-    TORCH_CHECK(false, "pinstage: the staging ring of cuda:", static_cast<int>(device_), " has no room for ",
-                bytes, " bytes (", slab.ring.in_flight_bytes(), " of ", capacity_,
-                " bytes are still read by in-flight copies) and on_full=\"error\"; raise ring_bytes with "
-                "pinstage.configure(ring_bytes=...) or use on_full=\"overflow\"");
+    throw RingFullError(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                        c10::str("pinstage: the ring of cuda:", static_cast<int>(device_), " has no room for ", bytes,
+                                 " bytes (", slab.ring.in_flight_bytes(), " of ", capacity_,
+                                 " bytes are in use by copies in flight) and on_full=\"error\"; raise ring_bytes "
+                                 "with pinstage.configure(ring_bytes=...) or use on_full=\"overflow\""));
   }
-  if (mode == OnFull::kWait && can_ever_fit) return std::nullopt;
+  // Waiting helps only when the oldest region is waiting for its copy, not for a holder.
+  if (mode == OnFull::kWait && can_ever_fit && !slab.ring.oldest_held()) return std::nullopt;
   // Overflow: on_full="overflow", or a request larger than the whole ring (waiting cannot help).
+  c10::cuda::CUDAGuard device_guard(device_);
+  c10::cuda::CUDAStreamCaptureModeGuard capture_mode(cudaStreamCaptureModeRelaxed);
   HostLease lease;
   lease.block = overflow_.take(bytes, fences_);
   lease.data = lease.block.data;
@@ -126,16 +131,42 @@ void StagingRing::wait_for_oldest() {
   C10_CUDA_CHECK(cudaEventSynchronize(oldest));
 }
 
-void StagingRing::commit(HostLease& lease, cudaStream_t stream) {
+StreamFence* StagingRing::commit(HostLease& lease, cudaStream_t stream, bool held) {
   std::lock_guard<std::mutex> lock(mu_);
-  // Overflow blocks get a fence of their own right away: they exist because room is short.
-  StreamFence* f = fences_.attach(stream, lease.slab != nullptr ? lease.bytes : SIZE_MAX);
+  // Overflow blocks and held regions get a fence recorded right away: overflow blocks exist
+  // because room is short, and a held region's holder asks about its own copy.
+  const bool record_now = lease.slab == nullptr || held;
+  StreamFence* f = fences_.attach(stream, record_now ? SIZE_MAX : lease.bytes);
   if (lease.slab != nullptr) {
-    lease.slab->ring.seal(lease.ticket, f);
+    lease.slab->ring.seal(lease.ticket, f, held);
   } else {
-    overflow_.seal(lease.block, f);
+    overflow_.seal(lease.block, f, held);
   }
-  lease = HostLease{};
+  if (!held) lease = HostLease{};
+  return f;
+}
+
+void StagingRing::unhold(const HostLease& committed) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (committed.slab != nullptr) {
+    committed.slab->ring.unhold(committed.ticket);
+  } else {
+    overflow_.unhold(committed.block.data);
+  }
+}
+
+bool StagingRing::fence_done(StreamFence* fence) {
+  std::lock_guard<std::mutex> lock(mu_);
+  c10::cuda::CUDAGuard device_guard(device_);
+  c10::cuda::CUDAStreamCaptureModeGuard capture_mode(cudaStreamCaptureModeRelaxed);
+  return fences_.done(fence);
+}
+
+cudaEvent_t StagingRing::fence_event(StreamFence* fence) {
+  std::lock_guard<std::mutex> lock(mu_);
+  c10::cuda::CUDAGuard device_guard(device_);
+  c10::cuda::CUDAStreamCaptureModeGuard capture_mode(cudaStreamCaptureModeRelaxed);
+  return fences_.event_to_wait_on(fence);
 }
 
 void StagingRing::abandon(HostLease& lease) {
@@ -151,10 +182,8 @@ void StagingRing::abandon(HostLease& lease) {
 void StagingRing::set_options(std::optional<size_t> capacity, std::optional<OnFull> on_full) {
   if (on_full) on_full_.store(*on_full, std::memory_order_relaxed);
   if (!capacity || *capacity == capacity_) return;
-  TORCH_CHECK_VALUE(*capacity > 0, "pinstage: ring_bytes must be positive, got ", *capacity);
+  free_unused();
   std::lock_guard<std::mutex> lock(mu_);
-  release_completed_locked();
-  free_drained_slabs_locked();
   retire_slab_locked();
   slab_ = std::make_unique<Slab>(*capacity);
   capacity_ = *capacity;
@@ -190,6 +219,7 @@ StagingRing::Snapshot StagingRing::snapshot() {
   s.wraps = ring.wraps() + wraps_retired_;
   s.events_created = events_.created();
   s.overflow_reserved_bytes = overflow_.reserved_bytes();
+  s.overflow_peak_reserved_bytes = overflow_.peak_reserved_bytes();
   s.overflow_in_flight_bytes = overflow_.in_flight_bytes();
   return s;
 }

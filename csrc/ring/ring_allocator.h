@@ -8,8 +8,9 @@
 //
 // Invariant: a byte handed out by try_reserve is handed out again only after the region that held
 // it was released, and a region is released only when it is abandoned (nothing read it) or when its
-// fence is done and every older region has been released (release is strictly in order, so a done
-// region behind a pending one stays held: conservative, never unsafe).
+// fence is done, its holder (if it was sealed as held) has let it go, and every older region has
+// been released (release is strictly in order, so a done region behind a pending one stays held:
+// conservative, never unsafe).
 #pragma once
 
 #include <cstddef>
@@ -17,6 +18,8 @@
 #include <deque>
 #include <optional>
 #include <stdexcept>
+
+#include "ring/options.h"
 
 namespace pinstage {
 
@@ -49,7 +52,7 @@ class RingAllocator {
     if (regions_.empty() || head_ > tail) {
       // Free room is [head, capacity) then [0, tail).
       const size_t aligned = align_up(head_, alignment);
-      if (aligned + bytes <= capacity_) {
+      if (aligned <= capacity_ && bytes <= capacity_ - aligned) {
         offset = aligned;
       } else if (bytes <= tail) {
         offset = 0;  // the unused end of the ring is held by this region until it is released
@@ -60,12 +63,12 @@ class RingAllocator {
     } else {
       // head < tail: free room is [head, tail).
       const size_t aligned = align_up(head_, alignment);
-      if (aligned + bytes > tail) return std::nullopt;
+      if (aligned > tail || bytes > tail - aligned) return std::nullopt;
       offset = aligned;
     }
     const size_t end = offset + bytes;
     const size_t held = wrapped ? (capacity_ - head_) + end : end - head_;
-    regions_.push_back(Region{head_, held, State::kWriting, Fence{}});
+    regions_.push_back(Region{head_, held, State::kWriting, false, Fence{}});
     head_ = end == capacity_ ? 0 : end;
     held_bytes_ += held;
     if (held_bytes_ > peak_held_bytes_) peak_held_bytes_ = held_bytes_;
@@ -73,12 +76,17 @@ class RingAllocator {
     return Reservation{offset, next_ticket_++};
   }
 
-  // The copy that reads the region is enqueued and `fence` completes after it.
-  void seal(uint64_t ticket, Fence fence) {
+  // The copy that reads (or fills) the region is enqueued and `fence` completes after it. A region
+  // sealed as `held` also stays until unhold(ticket): someone reads it on the host.
+  void seal(uint64_t ticket, Fence fence, bool held = false) {
     Region& r = region(ticket);
     r.fence = fence;
     r.state = State::kSealed;
+    r.holder = held;
   }
+
+  // The holder of a region sealed as held is done with it.
+  void unhold(uint64_t ticket) { region(ticket).holder = false; }
 
   // Nothing will read the region (its writer failed before enqueueing a copy).
   void abandon(uint64_t ticket) { region(ticket).state = State::kAbandoned; }
@@ -91,7 +99,7 @@ class RingAllocator {
     size_t released = 0;
     while (!regions_.empty()) {
       Region& r = regions_.front();
-      if (r.state == State::kWriting) break;
+      if (r.state == State::kWriting || r.holder) break;
       if (r.state == State::kSealed) {
         if (!is_done(r.fence)) break;
         recycle(r.fence);
@@ -103,6 +111,9 @@ class RingAllocator {
     }
     return released;
   }
+
+  // Whether the oldest region is held by its user (waiting for its fence cannot free it).
+  bool oldest_held() const { return !regions_.empty() && regions_.front().holder; }
 
   // The fence of the oldest region when that region is sealed; nullptr when there is none, or when
   // the oldest region is still being written (there is nothing to wait on yet).
@@ -117,10 +128,9 @@ class RingAllocator {
     size_t begin;  // first held byte: where head stood when reserved (padding belongs to the region)
     size_t held;   // bytes from begin to the end of the data, across the wrap if there was one
     State state;
+    bool holder;  // a holder still reads it (see seal)
     Fence fence;
   };
-
-  static size_t align_up(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
 
   Region& region(uint64_t ticket) {
     if (ticket < first_ticket_ || ticket - first_ticket_ >= regions_.size()) {

@@ -47,7 +47,7 @@ inline std::string dtype_name(c10::ScalarType t) {
     case c10::ScalarType::BFloat16: return "torch.bfloat16";
     case c10::ScalarType::Float: return "torch.float32";
     case c10::ScalarType::Double: return "torch.float64";
-    default: return std::string("torch dtype ") + c10::toString(t);
+    default: return "torch." + std::string(c10::getDtypeNames(t).first);
   }
 }
 

@@ -1,15 +1,17 @@
-// Exposes RingAllocator to the tests with fences that the test completes by hand, so the allocation
-// rules are checked on machines without a GPU (the CUDA ring uses the same template).
-#include <torch/csrc/utils/pybind.h>
+// A test-only extension (built by tests/test_ring_allocator.py): RingAllocator with fences that the
+// test completes by hand, so the allocation rules are checked on machines without a GPU (the CUDA
+// ring uses the same template).
+#include <pybind11/pybind11.h>
 
+#include <cstdint>
+#include <stdexcept>
 #include <unordered_set>
 
-#include "ring_allocator.h"
+#include "ring/ring_allocator.h"
 
 namespace py = pybind11;
 
 namespace pinstage {
-namespace {
 
 class ManualFenceRing {
  public:
@@ -17,12 +19,13 @@ class ManualFenceRing {
 
   // (offset, ticket) or None when there is no room.
   py::object reserve(size_t bytes, size_t alignment) {
-    TORCH_CHECK_VALUE(alignment > 0 && (alignment & (alignment - 1)) == 0, "alignment must be a power of two");
+    if (alignment == 0 || (alignment & (alignment - 1)) != 0) throw py::value_error("alignment must be a power of two");
     auto r = ring_.try_reserve(bytes, alignment);
     if (!r) return py::none();
     return py::make_tuple(r->offset, r->ticket);
   }
-  void seal(uint64_t ticket, int64_t marker) { ring_.seal(ticket, marker); }
+  void seal(uint64_t ticket, int64_t marker, bool held) { ring_.seal(ticket, marker, held); }
+  void unhold(uint64_t ticket) { ring_.unhold(ticket); }
   void abandon(uint64_t ticket) { ring_.abandon(ticket); }
   void complete(int64_t marker) { completed_.insert(marker); }
   size_t release_completed() {
@@ -39,13 +42,15 @@ class ManualFenceRing {
   std::unordered_set<int64_t> completed_;
 };
 
-}  // namespace
+}  // namespace pinstage
 
-void bind_ring_allocator_for_tests(py::module_& m) {
-  py::class_<ManualFenceRing>(m, "_RingAllocatorForTest")
+PYBIND11_MODULE(ring_allocator_ext, m) {
+  using pinstage::ManualFenceRing;
+  py::class_<ManualFenceRing>(m, "RingAllocator")
       .def(py::init<size_t>(), py::arg("capacity"))
       .def("reserve", &ManualFenceRing::reserve, py::arg("bytes"), py::arg("alignment") = 16)
-      .def("seal", &ManualFenceRing::seal, py::arg("ticket"), py::arg("marker"))
+      .def("seal", &ManualFenceRing::seal, py::arg("ticket"), py::arg("marker"), py::arg("held") = false)
+      .def("unhold", &ManualFenceRing::unhold, py::arg("ticket"))
       .def("abandon", &ManualFenceRing::abandon, py::arg("ticket"))
       .def("complete", &ManualFenceRing::complete, py::arg("marker"))
       .def("release_completed", &ManualFenceRing::release_completed)
@@ -56,5 +61,3 @@ void bind_ring_allocator_for_tests(py::module_& m) {
       .def_property_readonly("wraps", [](const ManualFenceRing& r) { return r.ring().wraps(); })
       .def_property_readonly("pending_regions", [](const ManualFenceRing& r) { return r.ring().pending_regions(); });
 }
-
-}  // namespace pinstage

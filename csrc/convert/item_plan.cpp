@@ -1,4 +1,4 @@
-#include "item_plan.h"
+#include "convert/item_plan.h"
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
@@ -8,9 +8,9 @@
 
 #include <cstring>
 
-#include "convert.h"
-#include "dtypes.h"
-#include "tensor_check.h"
+#include "convert/convert.h"
+#include "convert/dtypes.h"
+#include "python/tensor_check.h"
 
 namespace py = pybind11;
 

@@ -12,6 +12,7 @@
 #ifdef PINSTAGE_WITH_CUDA
 
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -19,7 +20,7 @@
 #include <memory>
 #include <vector>
 
-#include "event_pool.h"
+#include "ring/event_pool.h"
 
 namespace pinstage {
 
@@ -102,6 +103,8 @@ class StreamFences {
 
  private:
   void record(StreamFence* f) {
+    // Relaxed: another thread may be capturing a graph in "global" mode (see staging_ring.cpp).
+    c10::cuda::CUDAStreamCaptureModeGuard capture_mode(cudaStreamCaptureModeRelaxed);
     cudaEvent_t e = events_.acquire();
     C10_CUDA_CHECK(cudaEventRecord(e, f->stream));
     f->event = e;

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "buffer_source.h"
+#include "convert/buffer_source.h"
 
 namespace pinstage {
 

@@ -1,4 +1,4 @@
-#include "buffer_source.h"
+#include "convert/buffer_source.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/from_blob.h>
@@ -8,8 +8,8 @@
 #include <type_traits>
 #include <utility>
 
-#include "dtypes.h"
-#include "scalar_store.h"
+#include "convert/dtypes.h"
+#include "convert/scalar_store.h"
 
 namespace pinstage {
 namespace {

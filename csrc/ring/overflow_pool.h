@@ -1,0 +1,122 @@
+// OverflowPool: pinned blocks that serve requests the ring cannot hold right now (its room is still
+// in flight, or the request is larger than the ring). The ring's rule holds for them too: a block
+// goes back to the free list only after the fence behind the copy that used it has completed (and,
+// for a held block, once its holder let it go). Free blocks (power-of-two sizes) are reused; they
+// are freed only by free_spare(), which configure() and empty_cache() call, never a staging call.
+// Not thread-safe: the owning StagingRing serialises access.
+#pragma once
+#ifdef PINSTAGE_WITH_CUDA
+
+#include <c10/core/Device.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "ring/pinned_memory.h"
+#include "ring/stream_fence.h"
+
+namespace pinstage {
+
+class OverflowPool {
+ public:
+  struct Block {
+    uint8_t* data = nullptr;
+    size_t bytes = 0;
+  };
+
+  explicit OverflowPool(c10::DeviceIndex device) : device_(device) {}
+  OverflowPool(const OverflowPool&) = delete;
+  OverflowPool& operator=(const OverflowPool&) = delete;
+
+  // A block of at least `bytes`; from the free list when one fits, else freshly pinned.
+  Block take(size_t bytes, StreamFences& fences) {
+    release_completed(fences);
+    const size_t size = round_size(bytes);
+    auto it = free_.lower_bound(size);
+    if (it != free_.end()) {
+      Block b = it->second;
+      free_.erase(it);
+      free_bytes_ -= b.bytes;
+      return b;
+    }
+    uint8_t* p = allocate_pinned(size, device_);
+    reserved_bytes_ += size;
+    peak_reserved_bytes_ = std::max(peak_reserved_bytes_, reserved_bytes_);
+    return Block{p, size};
+  }
+
+  void seal(const Block& b, StreamFence* done, bool held) { in_flight_.push_back(InFlight{b, done, held}); }
+
+  // The holder of a block sealed as held is done with it.
+  void unhold(const uint8_t* data) {
+    for (InFlight& f : in_flight_) {
+      if (f.block.data == data) f.held = false;
+    }
+  }
+
+  void give_back(const Block& b) {
+    free_.emplace(b.bytes, b);
+    free_bytes_ += b.bytes;
+  }
+
+  void release_completed(StreamFences& fences) {
+    for (size_t i = 0; i < in_flight_.size();) {
+      InFlight& f = in_flight_[i];
+      if (!f.held && fences.done(f.fence)) {
+        fences.release(f.fence);
+        give_back(f.block);
+        in_flight_[i] = in_flight_.back();
+        in_flight_.pop_back();
+      } else {
+        ++i;
+      }
+    }
+  }
+
+  // Frees free blocks until at most `keep` bytes of them are left (largest first).
+  void free_spare(size_t keep) {
+    while (free_bytes_ > keep && !free_.empty()) {
+      auto last = std::prev(free_.end());
+      free_pinned(last->second.data);
+      free_bytes_ -= last->second.bytes;
+      reserved_bytes_ -= last->second.bytes;
+      free_.erase(last);
+    }
+  }
+
+  size_t reserved_bytes() const { return reserved_bytes_; }
+  size_t peak_reserved_bytes() const { return peak_reserved_bytes_; }
+  size_t in_flight_bytes() const {
+    size_t n = 0;
+    for (const auto& f : in_flight_) n += f.block.bytes;
+    return n;
+  }
+
+ private:
+  struct InFlight {
+    Block block;
+    StreamFence* fence;
+    bool held;
+  };
+
+  static size_t round_size(size_t bytes) {
+    // Beyond 2**62 no power of two is left to round to; ask for exactly that much (and fail).
+    if (bytes > (size_t{1} << 62)) return bytes;
+    size_t s = size_t{1} << 16;  // 64 KiB floor: fewer, reusable blocks
+    while (s < bytes) s <<= 1;
+    return s;
+  }
+
+  c10::DeviceIndex device_;
+  std::multimap<size_t, Block> free_;
+  size_t free_bytes_ = 0;
+  std::vector<InFlight> in_flight_;
+  size_t reserved_bytes_ = 0;
+  size_t peak_reserved_bytes_ = 0;
+};
+
+}  // namespace pinstage
+
+#endif  // PINSTAGE_WITH_CUDA

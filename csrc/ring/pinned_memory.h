@@ -1,0 +1,41 @@
+// Page-locked host memory for the rings and their overflow blocks.
+#pragma once
+#ifdef PINSTAGE_WITH_CUDA
+
+#include <c10/core/Device.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace pinstage {
+
+// `bytes` of portable pinned host memory (the copy engine of any device may read it, whichever
+// device is current later). torch.OutOfMemoryError when the host cannot pin that much; the failed
+// call's error is cleared so that it does not surface in an unrelated later CUDA check.
+inline uint8_t* allocate_pinned(size_t bytes, c10::DeviceIndex device) {
+  c10::cuda::CUDAGuard guard(device);
+  // Relaxed capture mode: a graph captured meanwhile by another thread in "global" mode neither
+  // refuses nor is invalidated by this call (PyTorch's caching allocators do the same).
+  c10::cuda::CUDAStreamCaptureModeGuard capture_mode(cudaStreamCaptureModeRelaxed);
+  void* p = nullptr;
+  const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "pinstage: could not pin ", bytes, " bytes of host memory for cuda:",
+                     static_cast<int>(device), ": ", cudaGetErrorString(err));
+  }
+  return static_cast<uint8_t*>(p);
+}
+
+// cudaFreeHost may synchronise the device: only configure() and empty_cache() call this, never a
+// staging call.
+inline void free_pinned(uint8_t* p) {
+  if (p != nullptr) C10_CUDA_CHECK(cudaFreeHost(p));
+}
+
+}  // namespace pinstage
+
+#endif  // PINSTAGE_WITH_CUDA

@@ -1,0 +1,44 @@
+// Fetches: device tensors copied into pinned ring memory without waiting, read through a handle.
+//
+// A fetch region is reused only when its copy has completed AND nothing reads it any more: the
+// handle and every CPU tensor viewing its memory hold it, so a value read from a fetch can never be
+// overwritten underneath the reader.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <Python.h>
+
+#include <memory>
+#include <vector>
+
+namespace pinstage {
+
+class FetchHandle {
+ public:
+  // Copies `tensors` (any device tensors, or CPU tensors, which are copied at once) into one held
+  // region on `stream` (None: the tensors' device's current stream), one copy per tensor.
+  static std::shared_ptr<FetchHandle> start(const std::vector<at::Tensor>& tensors, PyObject* stream,
+                                            const char* api);
+  ~FetchHandle();
+
+  bool ready();          // never waits
+  void wait();           // waits for this fetch's copies only; the caller releases the GIL
+  std::vector<at::Tensor> tensors();  // CPU tensors over the held memory (waits first)
+  void release();        // the handle's hold; views keep theirs
+  bool released() const { return released_; }
+  size_t count() const { return shapes_.size(); }
+
+  struct Region;  // a held lease; its destructor lets the ring reuse it
+
+ private:
+  void check_not_released() const;
+
+  std::shared_ptr<Region> region_;
+  bool released_ = false;
+  std::vector<at::Tensor> host_;  // CPU inputs: the values, copied at start
+  std::vector<std::vector<int64_t>> shapes_;
+  std::vector<c10::ScalarType> dtypes_;
+  std::vector<size_t> offsets_;
+};
+
+}  // namespace pinstage

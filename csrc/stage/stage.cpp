@@ -1,0 +1,278 @@
+#include "stage/stage.h"
+
+#include <ATen/record_function.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <cstring>
+#include <string>
+
+#include "convert/dtypes.h"
+#include "convert/item_plan.h"
+#include "python/tensor_check.h"
+#include "ring/registry.h"
+#include "stage/target.h"
+
+#ifdef PINSTAGE_WITH_CUDA
+#include <ATen/EmptyTensor.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
+namespace py = pybind11;
+
+namespace pinstage {
+namespace {
+
+// The most one staging can hold: the largest storage torch can describe.
+constexpr size_t kMaxStagingBytes = static_cast<size_t>(INT64_MAX);
+
+// A named range in the torch profiler for each call; free when no profiler is attached.
+struct ProfilerRange {
+  at::RecordFunction record{at::RecordScope::USER_SCOPE};
+  explicit ProfilerRange(const char* name) {
+    if (C10_UNLIKELY(record.isActive())) record.before(name);
+  }
+};
+
+// Runs fn(); an error it raises names stage_many's item `i`, keeping its exception type.
+template <class Fn>
+auto for_item(size_t i, bool name_items, Fn&& fn) -> decltype(fn()) {
+  if (!name_items) return fn();
+  try {
+    return fn();
+  } catch (py::error_already_set& e) {
+    const std::string msg = "pinstage.stage_many: item " + std::to_string(i) + ": " + py::str(e.value()).cast<std::string>();
+    PyErr_SetString(e.type().ptr(), msg.c_str());
+    throw py::error_already_set();
+  } catch (const c10::TypeError& e) {
+    TORCH_CHECK_TYPE(false, "pinstage.stage_many: item ", i, ": ", e.what_without_backtrace());
+  } catch (const c10::ValueError& e) {
+    TORCH_CHECK_VALUE(false, "pinstage.stage_many: item ", i, ": ", e.what_without_backtrace());
+  }
+}
+
+#ifdef PINSTAGE_WITH_CUDA
+
+// A ring lease that is abandoned unless the copy that uses it was committed: an exception between
+// reserve and copy (bad input, out of device memory) must not leave a region held forever.
+class LeaseGuard {
+ public:
+  LeaseGuard(StagingRing& ring, size_t bytes) : ring_(ring) {
+    for (;;) {
+      if (auto lease = ring.try_acquire(bytes)) {
+        lease_ = *lease;
+        return;
+      }
+      py::gil_scoped_release no_gil;  // on_full="wait": let other Python threads run meanwhile
+      ring.wait_for_oldest();
+    }
+  }
+  ~LeaseGuard() {
+    if (lease_.data != nullptr) ring_.abandon(lease_);
+  }
+  LeaseGuard(const LeaseGuard&) = delete;
+  LeaseGuard& operator=(const LeaseGuard&) = delete;
+
+  uint8_t* data() const { return lease_.data; }
+
+  // Once the copy is enqueued the region must never be given back, even if recording its fence
+  // fails: holding it forever is safe, handing it out again while the copy reads it is not.
+  void copy_and_commit(void* dst, size_t bytes, const c10::cuda::CUDAStream& stream) {
+    C10_CUDA_CHECK(cudaMemcpyAsync(dst, lease_.data, bytes, cudaMemcpyHostToDevice, stream.stream()));
+    HostLease enqueued = lease_;
+    lease_ = HostLease{};
+    ring_.commit(enqueued, stream.stream());
+  }
+
+ private:
+  StagingRing& ring_;
+  HostLease lease_;
+};
+
+// Allocates on `stream` through the caching allocator, exactly as a torch op on that stream would
+// (the allocator files the block under the current stream). empty_generic is what at::empty does
+// for CUDA once the dispatcher has picked the kernel; calling it directly skips the dispatch.
+// The caller holds a device guard for the stream's device.
+at::Tensor empty_on_stream(at::IntArrayRef shape, c10::ScalarType dtype, const c10::cuda::CUDAStream& stream) {
+  std::optional<c10::cuda::CUDAStreamGuard> stream_guard;
+  if (c10::cuda::getCurrentCUDAStream(stream.device_index()) != stream) stream_guard.emplace(stream);
+  return at::Tensor(at::detail::empty_generic(shape, c10::cuda::CUDACachingAllocator::get(),
+                                              c10::DispatchKeySet(c10::DispatchKey::CUDA), dtype, std::nullopt));
+}
+
+// A tensor of `dtype` and `shape` over `buffer`'s storage at `byte_offset`: a view made without
+// the dispatcher (stage_many returns several per call).
+at::Tensor typed_view(const at::Tensor& buffer, size_t byte_offset, c10::ScalarType dtype, at::IntArrayRef shape) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(buffer.storage()), buffer.key_set(),
+                                                   c10::scalarTypeToTypeMeta(dtype));
+  impl->set_storage_offset(static_cast<int64_t>(byte_offset / c10::elementSize(dtype)));
+  impl->set_sizes_contiguous(shape);
+  return at::Tensor(std::move(impl));
+}
+
+// Every plan in one ring region (each at an aligned offset), one device allocation mirroring that
+// layout, ONE copy, and a view of it per plan; a single plan gets an allocation of its own dtype.
+std::vector<at::Tensor> stage_on_device(std::vector<ItemPlan>& plans, const Target& target, bool name_items) {
+  const c10::cuda::CUDAStream& stream = *target.stream;
+  check_not_capturing(stream, name_items ? "stage_many" : "stage_to_device");
+  c10::cuda::CUDAGuard device_guard(target.device.index());
+  std::vector<size_t> offsets(plans.size());
+  size_t total = 0;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    // Each item's bytes fit int64 (checked_nbytes); their sum may not.
+    TORCH_CHECK(plans[i].nbytes <= kMaxStagingBytes - kStagingAlignment &&
+                    total <= kMaxStagingBytes - kStagingAlignment - plans[i].nbytes,
+                "pinstage: the items together are more than 2**63 bytes");
+    offsets[i] = align_up(total, kStagingAlignment);
+    total = offsets[i] + plans[i].nbytes;
+  }
+  StagingRing& ring = ring_for(target.device.index(), Direction::kToDevice);
+  std::optional<LeaseGuard> lease;
+  if (total > 0) lease.emplace(ring, total);
+  size_t fallbacks = 0;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    uint8_t* dst = plans[i].nbytes > 0 ? lease->data() + offsets[i] : nullptr;
+    fallbacks += for_item(i, name_items, [&] { return write_item(plans[i], dst); }) ? 1 : 0;
+  }
+  const bool single = plans.size() == 1;
+  at::Tensor buffer = single ? empty_on_stream(plans[0].shape, plans[0].dtype, stream)
+                             : empty_on_stream({static_cast<int64_t>(total)}, c10::ScalarType::Byte, stream);
+  if (total > 0) lease->copy_and_commit(buffer.data_ptr(), total, stream);
+  ring.counters().record(total, total > 0 ? 1 : 0, fallbacks);
+  if (single) return {std::move(buffer)};
+  std::vector<at::Tensor> results;
+  results.reserve(plans.size());
+  for (size_t i = 0; i < plans.size(); ++i) {
+    results.push_back(typed_view(buffer, offsets[i], plans[i].dtype, plans[i].shape));
+  }
+  return results;
+}
+
+#endif  // PINSTAGE_WITH_CUDA
+
+std::vector<at::Tensor> stage_on_cpu(std::vector<ItemPlan>& plans, bool name_items) {
+  std::vector<at::Tensor> results;
+  results.reserve(plans.size());
+  size_t bytes = 0;
+  size_t fallbacks = 0;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    results.push_back(for_item(i, name_items, [&] { return host_tensor(plans[i]); }));
+    bytes += plans[i].nbytes;
+    fallbacks += plans[i].via_fallback ? 1 : 0;
+  }
+  cpu_counters().record(bytes, 0, fallbacks);
+  return results;
+}
+
+std::vector<at::Tensor> stage_plans(std::vector<ItemPlan>& plans, const Target& target, bool name_items) {
+  if (target.device.is_cpu()) return stage_on_cpu(plans, name_items);
+#ifdef PINSTAGE_WITH_CUDA
+  return stage_on_device(plans, target, name_items);
+#else
+  built_without_cuda(target.device);
+#endif
+}
+
+// stage_into writes into `out` only after every conversion is done, and checks `out` again right
+// before the write with no Python code in between: the conversion can run Python code (an
+// element's __index__, the torch.tensor fallback, another thread while on_full="wait" waits) that
+// replaces out's storage, dtype or device.
+void check_out_unchanged(const at::Tensor& out, c10::ScalarType dtype, c10::Device device, int64_t numel) {
+  TORCH_CHECK(out.scalar_type() == dtype && out.device() == device && out.is_contiguous() && out.numel() == numel,
+              "pinstage.stage_into: out changed while data was being converted (it is now ",
+              dtype_name(out.scalar_type()), " of shape ", out.sizes(), " on ", out.device(), "; it was ",
+              dtype_name(dtype), " with ", numel, " elements on ", device, "); nothing was written");
+}
+
+}  // namespace
+
+at::Tensor stage_to_device(PyObject* data, PyObject* dtype_obj, PyObject* stream, PyObject* device) {
+  ProfilerRange range("pinstage::stage_to_device");
+  const c10::ScalarType dtype = parse_dtype(dtype_obj, "dtype");
+  const Target target = resolve_target(stream, device);
+  std::vector<ItemPlan> plans;
+  plans.push_back(plan_item(data, dtype));
+  return stage_plans(plans, target, /*name_items=*/false)[0];
+}
+
+std::vector<at::Tensor> stage_many(PyObject* items, PyObject* stream, PyObject* device) {
+  ProfilerRange range("pinstage::stage_many");
+  // A tuple copy, and references to each item's data below: Python code can run between planning
+  // and writing (the torch.tensor fallback; other threads while on_full="wait" waits), and must
+  // not be able to free what the plans point at by mutating the caller's list.
+  TORCH_CHECK_TYPE(PySequence_Check(items), "pinstage.stage_many: items must be a sequence of (data, dtype) pairs, got ",
+                   Py_TYPE(items)->tp_name);
+  py::object seq = py::reinterpret_steal<py::object>(PySequence_Tuple(items));
+  if (!seq) throw py::error_already_set();
+  const Py_ssize_t n = PyTuple_GET_SIZE(seq.ptr());
+  const Target target = resolve_target(stream, device);
+  std::vector<py::object> data_refs;
+  data_refs.reserve(static_cast<size_t>(n));
+  std::vector<ItemPlan> plans;
+  plans.reserve(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* pair = PyTuple_GET_ITEM(seq.ptr(), i);
+    TORCH_CHECK_TYPE((PyTuple_Check(pair) || PyList_Check(pair)) && PySequence_Fast_GET_SIZE(pair) == 2,
+                     "pinstage.stage_many: item ", i, " must be a (data, dtype) pair, got ", Py_TYPE(pair)->tp_name);
+    PyObject** fields = PySequence_Fast_ITEMS(pair);
+    data_refs.push_back(py::reinterpret_borrow<py::object>(fields[0]));
+    PyObject* dtype = fields[1];
+    plans.push_back(for_item(static_cast<size_t>(i), true,
+                             [&] { return plan_item(data_refs.back().ptr(), parse_dtype(dtype, "dtype")); }));
+  }
+  return stage_plans(plans, target, /*name_items=*/true);
+}
+
+void stage_into(PyObject* data, PyObject* out_obj, PyObject* stream) {
+  ProfilerRange range("pinstage::stage_into");
+  TORCH_CHECK_TYPE(is_tensor(out_obj), "pinstage.stage_into: out must be a torch.Tensor, got ", Py_TYPE(out_obj)->tp_name);
+  // The variable's own tensor (not a copy): a later `out.data = ...` shows through it.
+  const at::Tensor& out = THPVariable_Unpack(out_obj);
+  const c10::ScalarType dtype = out.scalar_type();
+  const c10::Device device = out.device();
+  TORCH_CHECK_TYPE(is_supported_dtype(dtype), "pinstage.stage_into: out has unsupported dtype ", dtype_name(dtype));
+  TORCH_CHECK_VALUE(out.is_contiguous(), "pinstage.stage_into: out must be contiguous");
+  TORCH_CHECK_VALUE(device.is_cpu() || device.is_cuda(), "pinstage.stage_into: out must be on the CPU or a CUDA device, got ",
+                    device.str());
+  const int64_t out_numel = out.numel();
+#ifdef PINSTAGE_WITH_CUDA
+  std::optional<c10::cuda::CUDAStream> s;
+  if (device.is_cuda()) {
+    s = stream_on(stream, device.index(), "stage_into");
+    check_not_capturing(*s, "stage_into");
+  }
+#else
+  if (device.is_cuda()) built_without_cuda(device);
+#endif
+  ItemPlan plan = plan_item(data, dtype);
+  TORCH_CHECK_VALUE(plan.numel == out_numel, "pinstage.stage_into: data has ", plan.numel, " elements (shape ",
+                    c10::IntArrayRef(plan.shape), ") but out has ", out_numel, " (shape ", out.sizes(), ")");
+  if (device.is_cpu()) {
+    TORCH_CHECK_VALUE(stream == Py_None, "pinstage.stage_into: out is on the CPU; no stream applies");
+    // Through a temporary: a bad element must leave out as it was.
+    std::vector<ItemPlan> plans;
+    plans.push_back(std::move(plan));
+    const at::Tensor values = stage_on_cpu(plans, false)[0];
+    check_out_unchanged(out, dtype, device, out_numel);
+    if (plans[0].nbytes > 0) std::memcpy(out.data_ptr(), values.const_data_ptr(), plans[0].nbytes);
+    return;
+  }
+#ifdef PINSTAGE_WITH_CUDA
+  c10::cuda::CUDAGuard device_guard(device.index());
+  StagingRing& ring = ring_for(device.index(), Direction::kToDevice);
+  if (plan.nbytes == 0) {
+    const bool fell_back = write_item(plan, nullptr);
+    ring.counters().record(0, 0, fell_back ? 1 : 0);
+    return;
+  }
+  LeaseGuard lease(ring, plan.nbytes);
+  const bool fell_back = write_item(plan, lease.data());
+  check_out_unchanged(out, dtype, device, out_numel);
+  lease.copy_and_commit(out.data_ptr(), plan.nbytes, *s);
+  ring.counters().record(plan.nbytes, 1, fell_back ? 1 : 0);
+#endif
+}
+
+}  // namespace pinstage

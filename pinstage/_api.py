@@ -1,0 +1,164 @@
+"""pinstage's public functions: signatures, types and documentation in front of the compiled core."""
+from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from . import _C
+
+Device = Union[torch.device, str, int, None]
+RingFullError = _C.RingFullError
+
+
+def stage_to_device(data: Any, dtype: torch.dtype, stream: Optional[torch.cuda.Stream] = None, *,
+                    device: Device = None) -> torch.Tensor:
+    """torch.tensor(data, dtype=dtype) on the GPU, without waiting for it.
+
+    The values are converted straight into pinned ring memory and moved by one asynchronous copy on
+    `stream` (default: the device's current stream); the result comes from PyTorch's caching
+    allocator on that stream. Device: the stream's, else `device`, else the current CUDA device,
+    else the CPU (an ordinary CPU tensor).
+
+    data: Python ints, floats, bools, (nested) lists and tuples of them, range, numpy arrays and
+    scalars, array.array, memoryview, bytearray, CPU tensors. The result equals
+    torch.tensor(data, dtype=dtype) in values, dtype and shape; where torch.tensor raises,
+    pinstage raises the same exception type with the offending element's index, value and dtype.
+    Raises TypeError for an unsupported dtype, RuntimeError when `stream` is capturing a CUDA graph,
+    RingFullError when the ring is full and on_full="error".
+    """
+    return _C.stage_to_device(data, dtype, stream, device)
+
+
+def stage_many(items: Iterable[Tuple[Any, torch.dtype]], stream: Optional[torch.cuda.Stream] = None, *,
+               device: Device = None) -> List[torch.Tensor]:
+    """[(data, dtype), ...] -> [tensor, ...], as stage_to_device each, in ONE copy.
+
+    Every item goes into one ring region (each 16-byte aligned) and one device allocation, moved by
+    one host-to-device copy; the results are views of that allocation with the requested dtypes
+    and shapes. An error names the item (`item 3: ...`) and stages nothing.
+    """
+    return _C.stage_many(items, stream, device)
+
+
+def stage_into(data: Any, out: torch.Tensor, stream: Optional[torch.cuda.Stream] = None) -> torch.Tensor:
+    """Fills the existing contiguous tensor `out` with data converted to out.dtype; returns `out`.
+
+    data must have out.numel() elements (any shape). One asynchronous copy on `stream` (default:
+    the current stream of out's device); for a CUDA graph's static inputs, call it before
+    graph.replay(). A conversion error leaves `out` as it was.
+    """
+    return _C.stage_into(data, out, stream)
+
+
+class FetchHandle:
+    """A device-to-host copy into pinned ring memory, returned at once by fetch_to_host/fetch_many.
+
+    ready() says whether the copy has completed (never waits); wait() waits for this copy only;
+    tensor()/tensors(), numpy() and tolist() give the values (waiting first if needed). The memory is
+    reused only when the copy has completed and the handle has been released (release(), the end of
+    a `with` block, or garbage collection) and no tensor or array from it is alive: a value read from
+    a handle is never overwritten underneath the reader. Copy out (`.clone()`) what you keep long,
+    so that the ring can reuse its memory.
+    """
+
+    __slots__ = ("_handle", "_many")
+
+    def __init__(self, handle, many):
+        self._handle = handle
+        self._many = many
+
+    def ready(self) -> bool:
+        return self._handle.ready()
+
+    def wait(self) -> "FetchHandle":
+        """Waits (GIL released) for this fetch's copy; raises inside pinstage.testing.no_sync()."""
+        self._handle.wait()
+        return self
+
+    def tensors(self) -> List[torch.Tensor]:
+        """CPU tensors over the fetched memory, one per fetched tensor."""
+        return self._handle.tensors()
+
+    def tensor(self) -> torch.Tensor:
+        """The CPU tensor of a single fetch (fetch_to_host)."""
+        if self._many:
+            raise TypeError("pinstage.FetchHandle.tensor: this handle holds several tensors; use tensors()")
+        return self._handle.tensors()[0]
+
+    def numpy(self):
+        values = [t.numpy() for t in self._handle.tensors()]
+        return values if self._many else values[0]
+
+    def tolist(self):
+        values = [t.tolist() for t in self._handle.tensors()]
+        return values if self._many else values[0]
+
+    def release(self) -> None:
+        """Lets the ring reuse the memory once the copy has completed (tensors from it keep it)."""
+        self._handle.release()
+
+    @property
+    def released(self) -> bool:
+        return self._handle.released
+
+    def __enter__(self) -> "FetchHandle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def __repr__(self):
+        state = "released" if self.released else ("ready" if self.ready() else "in flight")
+        return "<pinstage.FetchHandle of %d tensor(s), %s>" % (len(self._handle), state)
+
+
+def fetch_to_host(tensor: torch.Tensor, stream: Optional[torch.cuda.Stream] = None) -> FetchHandle:
+    """Copies a device tensor into pinned ring memory on `stream` (default: its device's current
+    stream) and returns at once with a FetchHandle. The copy waits for nothing but work already
+    queued on that stream; the source tensor may be freed right after the call.
+    A CPU tensor gives a handle over a copy of it, ready at once."""
+    return FetchHandle(_C.fetch([tensor], stream), many=False)
+
+
+def fetch_many(tensors: Sequence[torch.Tensor], stream: Optional[torch.cuda.Stream] = None) -> FetchHandle:
+    """fetch_to_host for several tensors of one device: one ring region, one fence, one copy per
+    tensor; handle.tensors() gives them in order."""
+    return FetchHandle(_C.fetch(list(tensors), stream), many=True)
+
+
+def stats(device: Device = None) -> dict:
+    """Counters and occupancy of one device's rings (device None: the current CUDA device, or the CPU
+    without CUDA). Keys:
+
+      device, ring_bytes, ring_allocated, on_full: the ring and its settings
+      calls, bytes_staged, copies: staging calls, bytes they moved, host-to-device copies enqueued
+      fallbacks: items converted by torch.tensor instead of pinstage's converters
+      in_flight_bytes, peak_in_flight_bytes, pending_regions: ring memory still used by copies
+      overflows, waits, wraps: requests served by overflow blocks, waits under on_full="wait",
+          times the ring wrapped to its start
+      events_created: CUDA events made (none in steady state)
+      overflow_reserved_bytes, overflow_peak_reserved_bytes, overflow_in_flight_bytes: pinned
+          overflow blocks kept now, at most, and in use by copies
+      fetches, fetch_bytes, fetch_in_flight_bytes, fetch_overflows: the device-to-host ring
+    On the CPU the ring keys are 0.
+    """
+    return _C.stats(device)
+
+
+def configure(*, ring_bytes: Union[int, str, None] = None, on_full: Optional[str] = None,
+              device: Device = None) -> None:
+    """Ring size and what to do when a ring is full, for one device or (device=None) every device
+    and the rings made later.
+
+    ring_bytes: an int or a byte count such as "16M" (as PINSTAGE_RING_BYTES takes); default 8 MiB.
+    on_full: "overflow" (serve from a pinned overflow block, never wait: the default), "wait" (wait
+    for the oldest copy) or "error" (raise RingFullError). Resizing retires the old ring memory,
+    freed once its copies have completed (at a later configure() or empty_cache()).
+    """
+    _C.configure(ring_bytes, on_full, device)
+
+
+def empty_cache(device: Device = None) -> None:
+    """Frees the pinned memory that pinstage keeps but no copy uses: overflow blocks left from a
+    burst and ring memory retired by configure(). Like torch.cuda.empty_cache(), it may synchronise
+    the device: call it off the hot path. device None: every device."""
+    _C.empty_cache(device)

@@ -1,0 +1,238 @@
+"""fetch_to_host / fetch_many: device tensors into pinned ring memory without waiting, read through a
+handle; the memory is reused only once the copy is done and nothing reads it any more."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import pinstage
+from staging_reference import DTYPES, dtype_name
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SMALL_RING = 4096
+BUSY_CYCLES = 100_000_000  # far longer than the host work behind it, on any GPU
+
+
+def busy(stream=None):
+    """A long kernel on `stream`; returns an event that completes after it."""
+    stream = stream or torch.cuda.current_stream()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(BUSY_CYCLES)
+        done = torch.cuda.Event()
+        done.record(stream)
+    return done
+
+
+def sample(dtype, shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    info = torch.iinfo(dtype)
+    lo, hi = max(info.min, -(2**40)), min(info.max, 2**40)
+    return torch.randint(lo, hi, shape, generator=g, dtype=torch.int64).to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------- CPU
+
+
+def test_cpu_tensors_give_a_ready_copy():
+    src = torch.arange(6).view(2, 3)
+    with pinstage.fetch_to_host(src) as handle:
+        assert handle.ready()
+        src.fill_(0)  # the handle holds a copy
+        assert handle.tolist() == [[0, 1, 2], [3, 4, 5]]
+        assert isinstance(handle.numpy(), np.ndarray)
+        assert torch.equal(handle.wait().tensor(), torch.arange(6).view(2, 3))
+    assert handle.released
+    with pytest.raises(RuntimeError, match="released"):
+        handle.tensor()
+
+
+def test_many_form_and_its_errors():
+    with pinstage.fetch_many([torch.arange(3), torch.ones(2, dtype=torch.bfloat16)]) as handle:
+        a, b = handle.tensors()
+        assert a.tolist() == [0, 1, 2] and b.dtype == torch.bfloat16
+        with pytest.raises(TypeError, match="several tensors"):
+            handle.tensor()
+        assert handle.tolist() == [[0, 1, 2], [1.0, 1.0]]
+    with pytest.raises(ValueError, match="nothing to fetch"):
+        pinstage.fetch_many([])
+    with pytest.raises(TypeError, match="item 1 must be a torch.Tensor"):
+        pinstage.fetch_many([torch.ones(1), [1, 2]])
+    with pytest.raises(ValueError, match="no stream applies"):
+        pinstage.fetch_to_host(torch.ones(1), torch.cuda.Stream() if torch.cuda.is_available() else object())
+
+
+# --------------------------------------------------------------------------------------------- CUDA
+
+cuda = pytest.mark.cuda
+
+
+@pytest.fixture
+def small_ring():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        before = pinstage.stats()["ring_bytes"]
+        pinstage.configure(ring_bytes=SMALL_RING)
+        yield
+        torch.cuda.synchronize()
+        pinstage.configure(ring_bytes=before, on_full="overflow")
+    else:
+        yield
+
+
+@cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
+def test_values_equal_cpu_copies_under_a_busy_stream(dtype, small_ring):
+    shapes = [(), (0,), (1,), (7,), (33, 3), (4, 5, 6)]
+    sources = [sample(dtype, shape, i).cuda() for i, shape in enumerate(shapes)]
+    sources.append(sources[-1].transpose(0, 2))  # non-contiguous: gathered on the stream first
+    expected = [s.cpu() for s in sources]
+    done = busy()
+    handles = [pinstage.fetch_to_host(s) for s in sources]
+    many = pinstage.fetch_many(sources)
+    assert not done.query(), "the fetches waited for the busy stream"
+    assert not any(h.ready() for h in handles[1:]), "ready() before the copy could have run"
+    for handle, want in zip(handles, expected):
+        got = handle.tensor()  # waits
+        assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+    for got, want in zip(many.tensors(), expected):
+        assert torch.equal(got, want)
+
+
+@cuda
+def test_fetch_never_synchronises_and_wait_does_inside_no_sync():
+    src = torch.arange(1000, device="cuda")
+    pinstage.fetch_to_host(src).wait()  # lazy set-up outside the guard
+    done = busy()
+    with pinstage.testing.no_sync():
+        handle = pinstage.fetch_to_host(src)
+        assert not handle.ready()
+        with pytest.raises(RuntimeError, match="synchronisation"):
+            handle.wait()
+    assert not done.query()
+    assert handle.tolist() == list(range(1000))
+
+
+@cuda
+def test_a_held_handle_keeps_its_values_while_later_fetches_wrap_around_it(small_ring):
+    keep = pinstage.fetch_to_host(torch.full((64,), 7, dtype=torch.int64, device="cuda")).wait()
+    held_view = keep.tensor()
+    before = pinstage.stats()
+    for i in range(200):  # 200 x 512 bytes through a 4 KiB ring
+        h = pinstage.fetch_to_host(torch.full((64,), i, dtype=torch.int64, device="cuda"))
+        assert h.tensor().tolist() == [i] * 64
+        h.release()
+    after = pinstage.stats()
+    assert held_view.tolist() == [7] * 64, "a held region was reused"
+    assert keep.tolist() == [7] * 64
+    assert after["fetches"] - before["fetches"] == 200
+    keep.release()
+    # The view alone still holds the memory.
+    for i in range(50):
+        pinstage.fetch_to_host(torch.full((64,), -i, dtype=torch.int64, device="cuda")).release()
+    assert held_view.tolist() == [7] * 64, "a region viewed by a live tensor was reused"
+
+
+@cuda
+def test_released_unready_handles_are_reused_only_after_their_copy(small_ring):
+    done = busy()
+    sources = [torch.full((100,), i, dtype=torch.int32, device="cuda") for i in range(60)]
+    for s in sources:
+        pinstage.fetch_to_host(s).release()  # released long before the copy runs
+    later = [pinstage.fetch_to_host(s) for s in sources]
+    assert not done.query()
+    for i, h in enumerate(later):
+        assert h.tolist() == [i] * 100
+
+
+@cuda
+def test_handles_outlive_configure():
+    handle = pinstage.fetch_to_host(torch.arange(300, device="cuda"))
+    pinstage.configure(ring_bytes=SMALL_RING * 2)
+    pinstage.configure(ring_bytes=SMALL_RING * 4)
+    for i in range(20):
+        pinstage.fetch_to_host(torch.full((100,), i, device="cuda")).release()
+    assert handle.tolist() == list(range(300))
+    handle.release()
+    torch.cuda.synchronize()
+    pinstage.empty_cache()
+    pinstage.configure(ring_bytes=8 << 20)
+
+
+@cuda
+@pytest.mark.parametrize("on_full", ["overflow", "wait", "error"])
+def test_full_fetch_ring_follows_on_full(on_full, small_ring):
+    pinstage.configure(on_full=on_full)
+    done = busy()
+    before = pinstage.stats()
+    handles, raised = [], None
+    for i in range(40):  # 40 x 400 bytes held: more than the 4 KiB ring
+        try:
+            handles.append(pinstage.fetch_to_host(torch.full((100,), i, dtype=torch.int32, device="cuda")))
+        except pinstage.RingFullError as exc:
+            raised = exc
+            break
+    after = pinstage.stats()
+    if on_full == "error":
+        assert raised is not None and isinstance(raised, RuntimeError)
+    else:
+        # Held handles cannot be waited away: "wait" overflows rather than wait forever.
+        assert raised is None and after["fetch_overflows"] > before["fetch_overflows"]
+    assert not done.query() or on_full == "error"
+    for i, h in enumerate(handles):
+        assert h.tolist() == [i] * 100
+
+
+@cuda
+def test_capturing_stream_is_refused():
+    stream = torch.cuda.Stream()
+    src = torch.ones(4, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        y = src * 2
+        with pytest.raises(RuntimeError, match="(?i)captur"):
+            pinstage.fetch_to_host(y)
+    graph.replay()
+    assert pinstage.fetch_to_host(y).tolist() == [2.0] * 4
+
+
+@cuda
+def test_source_freed_right_after_the_fetch_on_another_stream():
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    handles, expected = [], []
+    busy(side)
+    for i in range(50):
+        src = torch.full((1000,), i, dtype=torch.int64, device="cuda")
+        handles.append(pinstage.fetch_to_host(src, side))
+        expected.append(i)
+        del src  # the allocator may hand the memory out again on the current stream
+        torch.full((1000,), -1, dtype=torch.int64, device="cuda")
+    for h, i in zip(handles, expected):
+        assert h.tolist() == [i] * 1000
+
+
+@cuda
+def test_exit_with_fetches_in_flight():
+    script = textwrap.dedent(
+        """
+        import torch, pinstage
+        torch.cuda._sleep(200_000_000)
+        done = torch.cuda.Event(); done.record()
+        keep = [pinstage.fetch_to_host(torch.arange(i, i + 64, device="cuda")) for i in range(100)]
+        views = [k.numpy() for k in keep[:3]] if done.query() else None
+        print("in flight", not done.query(), flush=True)
+        """
+    )
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "in flight True" in proc.stdout
