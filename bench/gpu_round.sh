@@ -1,45 +1,82 @@
 #!/usr/bin/env bash
-# One GPU round on a machine with a CUDA GPU: environment, build, every test (CUDA included), the
-# microbenchmark and the builders benchmark, with logs and JSON under $OUT (default bench/out/gpu).
-# Usage: OUT=/some/dir GIT_REV=<commit> bash bench/gpu_round.sh
-# GIT_REV: take it where the commit was made; a copied working tree can carry stale git metadata.
+# One GPU round: environment, build, the README's test command, compute-sanitizer on the tests that
+# stress the ring, the benchmarks, the stress run. Logs, JSON and plots go to $OUT.
+# Usage: OUT=/some/dir bash bench/gpu_round.sh [tests] [sanitizer] [bench] [decode] [stress] [quick]
+#   (no stage named: all of them; "quick" shortens the benchmarks)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-bench/out/gpu}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+# The image's default CXX is another toolchain's wrapper; its builds crash formatting numbers.
+export CXX="${CXX:-/usr/bin/g++}" CC="${CC:-/usr/bin/gcc}" MAX_JOBS="${MAX_JOBS:-$(nproc)}"
+stages="${*:-tests sanitizer bench decode stress}"
+has() { [[ " $stages " == *" $1 "* ]]; }
+quick=""
+has quick && quick="--quick"
+t0=$(date +%s)
+stamp() { echo "[gpu_round $(( $(date +%s) - t0 ))s] $*"; }
+
 {
   echo "date_utc: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "commit: ${GIT_REV:-unknown}"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
-  python3 -c "import torch, sys; print('python', sys.version.split()[0]); print('torch', torch.__version__, 'cuda', torch.version.cuda)"
-  nproc
-  echo "CXX=${CXX:-unset} CC=${CC:-unset}"
-  "${CXX:-c++}" --version | head -n 1
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.max.sm --format=csv
+  python3 -c "import torch, sys; print('python', sys.version.split()[0]); print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"
+  echo "cpus: $(nproc)"
+  "$CXX" --version | head -n 1
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-start=$(date +%s)
-# Build through the README's set-up, then one pytest process per test file, so that a crash in
-# one file cannot hide the results of the others.
-( source scripts/env.sh
-  set +e  # env.sh turns on errexit; a failing test file must not end the loop
-  for case in python_fallback_error c10_value_error c10_type_error cache_index_error cuda_fallback_error; do
-    "$PY" bench/error_probe.py "$case"; rc=$?
-    echo "=== probe $case exit $rc"
-    if [ "$rc" -ge 128 ] && command -v cuda-gdb >/dev/null; then
-      cuda-gdb -batch -ex run -ex bt --args "$PY" bench/error_probe.py "$case" 2>&1 | grep -E "^#" | head -n 25
-    fi
-  done
-  for f in tests/test_*.py; do
-    echo "=== $f"
-    # Whole output: a failure's traceback must survive into the log.
-    "$PY" -X faulthandler -m pytest -q -rfEs --tb=short "$f" 2>&1 | grep -v "^[.sx]* *\[ *[0-9]*%\]$"
-    echo "=== $f exit ${PIPESTATUS[0]}"
-  done ) > "$OUT/tests.log" 2>&1
-grep -E "^=== .* exit|passed|failed|error" "$OUT/tests.log"
-echo "tests took $(( $(date +%s) - start )) s"
+stamp "build"
+if ! python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1; then
+  tail -n 60 "$OUT/build.log"
+  exit 1
+fi
+tail -n 2 "$OUT/build.log"
 
-bash scripts/bench.sh 2>&1 | tee "$OUT/bench.log"
-echo "bench exit: ${PIPESTATUS[0]}" | tee -a "$OUT/bench.log"
-cp bench/out/microbench.json bench/out/builders.json "$OUT/" 2>/dev/null || true
+if has tests; then
+  stamp "tests (the README's test command)"
+  bash scripts/test.sh -rfEs --durations=15 -p no:cacheprovider > "$OUT/tests.log" 2>&1
+  echo "tests exit: $?"
+  grep -E "passed|failed|error" "$OUT/tests.log" | tail -n 3
+  grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -n 40
+fi
+
+if has sanitizer; then
+  stamp "compute-sanitizer memcheck and synccheck"
+  for tool in memcheck synccheck; do
+    timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
+      python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda_stage.py tests/test_fetch.py tests/test_builders_cache.py \
+      -k "race or wrap or full_ring or stage_into or stage_many or failed_calls or cache or held or fetch or kernel" \
+      > "$OUT/sanitizer-$tool.log" 2>&1
+    echo "$tool exit: $?"
+    grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitizer-$tool.log" | tail -n 3
+  done
+fi
+
+if has bench; then
+  stamp "microbenchmark"
+  python3 bench/microbench.py $quick --json "$OUT/microbench.json" > "$OUT/microbench.log" 2>"$OUT/microbench.err"
+  echo "microbench exit: $?"
+  sed -n '/^Checks/,$p' "$OUT/microbench.log"
+  stamp "builders"
+  python3 bench/builders.py $( [ -n "$quick" ] && echo "--repeats 5 --sample-ms 2") --json "$OUT/builders.json" \
+    > "$OUT/builders.log" 2>"$OUT/builders.err"
+  echo "builders exit: $?"
+  cat "$OUT/builders.log"
+fi
+
+if has decode && [ -f bench/decode_loop.py ]; then
+  stamp "decode loop"
+  python3 bench/decode_loop.py $quick --json "$OUT/decode_loop.json" > "$OUT/decode_loop.log" 2>"$OUT/decode_loop.err"
+  echo "decode loop exit: $?"
+  cat "$OUT/decode_loop.log"
+  tail -n 20 "$OUT/decode_loop.err"
+fi
+
+if has stress && [ -f bench/stress.py ]; then
+  stamp "stress"
+  python3 bench/stress.py $quick --json "$OUT/stress.json" > "$OUT/stress.log" 2>&1
+  echo "stress exit: $?"
+  tail -n 30 "$OUT/stress.log"
+fi
+stamp "done"

@@ -9,6 +9,7 @@ up as host time). Sections:
   many lists  10 lists of 256 in one stage_many, against 10 calls of each peer
   numpy       a numpy array -> device tensor (int64, int32, float32; 1, 256, 8192 values)
   many numpy  7 slices of 256 in one stage_many, against 7 copies of each peer
+  fetch       a device tensor -> host (int64, float32; 1, 256, 8192 values), enqueue only
 Without a GPU only the conversion runs (device="cpu"): lists and numpy arrays against torch.
 
 A sample is perf_counter_ns around a loop of calls sized to a few ms, after a warm-up; the median of
@@ -58,6 +59,10 @@ METHOD_NOTES = {
     "vllm_buffer": "vLLM's pattern: numpy slice assignment into a persistent pinned tensor's .numpy() view, "
                    "then gpu[:n].copy_(cpu[:n], non_blocking=True); unsafe on reuse, timing only",
     "pin_memory": "torch.from_numpy(x).pin_memory().to(dev, non_blocking=True)",
+    "to_cpu": "tensor.cpu(): a blocking copy",
+    "tolist": "tensor.tolist(): a blocking copy into Python ints",
+    "non_blocking": "tensor.to('cpu', non_blocking=True) + event.record(); the reader synchronises the event later",
+    "fetch_to_host": "pinstage.fetch_to_host(tensor) (+ release of the handle)",
     "torch_tensor": "torch.tensor(values, dtype=dtype) on the CPU",
     "numpy_array": "np.array(values, dtype) -> torch.from_numpy",
     "from_numpy_clone": "torch.from_numpy(x).to(dtype, copy=True)",
@@ -80,6 +85,7 @@ PINNED_X10_OVER_STAGE_MANY = 10.0
 BUSY_OVER_IDLE = 1.3
 NUMPY_PINSTAGE_OVER_VLLM = 0.9
 NUMPY_MANY_OVER_VLLM_X7 = 1 / 3
+FETCH_OVER_NON_BLOCKING_AT_256 = 0.5
 CPU_TORCH_OVER_PINSTAGE_8192 = 5.0
 
 
@@ -290,6 +296,21 @@ def many_numpy_methods(arrays, dev):
     ]
 
 
+def fetch_methods(t):
+    event = torch.cuda.Event()
+
+    def non_blocking():
+        t.to("cpu", non_blocking=True)
+        event.record()
+
+    return [
+        ("to_cpu", lambda: t.cpu()),
+        ("tolist", lambda: t.tolist()),
+        ("non_blocking", non_blocking),
+        ("fetch_to_host", lambda: pinstage.fetch_to_host(t).release()),
+    ]
+
+
 def warm_up(dev, reused, seconds):
     """Every list method in turn for about `seconds`, untimed: the first sizes measured were up to
     1.6x slower for every method alike while the host and GPU left an idle state."""
@@ -349,6 +370,15 @@ def run_gpu(settings, report, quick):
                               "methods": measure_methods(many_numpy_methods(arrays, dev), settings, busy, None,
                                                          copies)}
     report["numpy_fallbacks"] = fallbacks(dev) - before
+
+    sections["fetch"] = []
+    for name, dtype in LIST_DTYPES.items():
+        for size in NUMPY_SIZES:
+            t = torch.tensor(make_values(dtype, size, random.Random(size)), dtype=dtype, device=dev)
+            max_calls = max(settings.min_calls, RING_BUDGET_BYTES // ring_footprint(t.nbytes))
+            methods = measure_methods(fetch_methods(t), settings, busy, max_calls)
+            sections["fetch"].append({"dtype": name, "size": size, "methods": methods})
+            print("  fetch %-7s %6d: pinstage %s" % (name, size, cell_text(methods["fetch_to_host"])), file=sys.stderr)
     report["pinstage_stats"] = pinstage.stats(device=dev)
 
 
@@ -397,6 +427,18 @@ def print_gpu(report):
                                                                             median(many["stage_many"])))])
     _report.print_table(rows)
     print_legend(["vllm_buffer", "pin_memory", "stage_many"])
+
+    print()
+    print("device tensor -> host: host us per call to enqueue, GPU idle [min-max] / GPU busy")
+    rows = [["dtype", "size", "tensor.cpu()", "tensor.tolist()", "to(non_blocking) + event", "fetch_to_host",
+             "fetch / non_blocking"]]
+    for cell in sections["fetch"]:
+        m = cell["methods"]
+        rows.append([cell["dtype"], cell["size"]] + [cell_text(m[k]) for k in ("to_cpu", "tolist", "non_blocking",
+                                                                            "fetch_to_host")]
+                    + [_report.fmt_ratio(ratio(median(m["fetch_to_host"]), median(m["non_blocking"])))])
+    _report.print_table(rows)
+    print_legend(["to_cpu", "tolist", "non_blocking", "fetch_to_host"])
     print("(* after a busy figure: the busy kernel ended before the timed loop did in some samples, i.e. the loop "
           "waited for the GPU)")
 
@@ -422,6 +464,7 @@ def gpu_checks(report):
     timed = [("list %s x%d" % (c["dtype"], c["size"]), c["methods"]["pinstage"]) for c in sections["lists"]]
     timed += [("numpy %s x%d" % (c["dtype"], c["size"]), c["methods"]["pinstage"]) for c in sections["numpy"]]
     timed += [("stage_many (lists)", many["stage_many"]), ("stage_many (numpy)", sections["many_numpy"]["methods"]["stage_many"])]
+    timed += [("fetch %s x%d" % (c["dtype"], c["size"]), c["methods"]["fetch_to_host"]) for c in sections["fetch"]]
     for name, res in timed:
         r = ratio(median(res, "busy"), median(res))
         if r is not None and (worst is None or r > worst):
@@ -442,6 +485,11 @@ def gpu_checks(report):
                              None if r is None else r <= NUMPY_MANY_OVER_VLLM_X7))
     out.append(_report.check("torch.tensor fallbacks for numpy inputs", report["numpy_fallbacks"], "== 0",
                              report["numpy_fallbacks"] == 0))
+    cell = next((c for c in sections["fetch"] if c["dtype"] == "int64" and c["size"] == 256), None)
+    r = None if cell is None else ratio(median(cell["methods"]["fetch_to_host"]), median(cell["methods"]["non_blocking"]))
+    out.append(_report.check("fetch 256 int64: fetch_to_host / to(non_blocking)+event host time", r,
+                             "<= %g" % FETCH_OVER_NON_BLOCKING_AT_256,
+                             None if r is None else r <= FETCH_OVER_NON_BLOCKING_AT_256))
     stats = report["pinstage_stats"]
     for key in ("overflows", "waits"):
         out.append(_report.check("%s with the default ring over the whole run" % key, stats[key], "== 0",

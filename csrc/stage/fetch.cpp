@@ -21,7 +21,11 @@ struct FetchHandle::Region {
   HostLease lease;
   StreamFence* fence = nullptr;
   ~Region() {
-    if (ring != nullptr) ring->unhold(lease);
+    if (ring == nullptr) return;
+    try {
+      ring->unhold(lease);
+    } catch (...) {  // a destructor must not throw; the region then stays held (safe, never reused)
+    }
   }
 #endif
 };
