@@ -9,7 +9,9 @@ OUT="${OUT:-bench/out/gpu}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 # The image's default CXX is another toolchain's wrapper; its builds crash formatting numbers.
+# Compile and link with the system compiler (Python's LDSHARED names the wrapper otherwise).
 export CXX="${CXX:-/usr/bin/g++}" CC="${CC:-/usr/bin/gcc}" MAX_JOBS="${MAX_JOBS:-$(nproc)}"
+export LDSHARED="${LDSHARED:-$CXX -shared}" PYTHONFAULTHANDLER=1
 stages="${*:-tests sanitizer bench decode stress}"
 has() { [[ " $stages " == *" $1 "* ]]; }
 quick=""

@@ -225,6 +225,7 @@ def test_exit_with_fetches_in_flight():
     script = textwrap.dedent(
         """
         import torch, pinstage
+        pinstage.fetch_to_host(torch.ones(1, device="cuda")).wait()  # the ring exists before the clock starts
         torch.cuda._sleep(200_000_000)
         done = torch.cuda.Event(); done.record()
         keep = [pinstage.fetch_to_host(torch.arange(i, i + 64, device="cuda")) for i in range(100)]

@@ -1,0 +1,34 @@
+"""The decode-loop benchmark's own correctness: every backend, and the ideal's replay, drive the same
+continuous batch to the same tokens (the benchmark asserts it; this runs it small)."""
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+
+import decode_loop  # noqa: E402
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_every_backend_generates_the_same_tokens(device):
+    cfg = decode_loop.Config(batch_size=6, forward_ms=0.2, steps=25, warmup_steps=3, admit_every=2)
+    dev = torch.device(device)
+    cycles = decode_loop.sleep_cycles_per_us() if device == "cuda" else 0.0
+    results = decode_loop.run_config(cfg, dev, cycles)  # raises if two backends' tokens differ
+    assert set(results) == set(decode_loop.BACKENDS) | {"ideal"}
+    for name, metrics in results.items():
+        assert metrics["steps"] == cfg.steps, (name, metrics)
+        assert metrics["tokens_per_s"] > 0
+
+
+def test_workload_mixes_what_the_builders_must_handle():
+    cfg = decode_loop.Config(batch_size=8, forward_ms=0.2)
+    specs = decode_loop.make_workload(cfg, 200)
+    assert {s.use_prefix for s in specs} == {True, False}
+    assert any(s.logprob_start < len(s.prompt) for s in specs) and any(s.logprob_start == len(s.prompt) for s in specs)
+    assert any(s.params.top_k == 1 for s in specs) and any(s.params.top_k > 1 for s in specs)
+    assert any(s.params.repetition_penalty != 1 for s in specs)
+    assert len({s.max_new_tokens for s in specs}) > 20
+    assert all(cfg.prefix_len + len(s.prompt) + s.max_new_tokens < cfg.max_ctx for s in specs)
