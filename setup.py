@@ -1,17 +1,20 @@
-"""Build pinstage's compiled core, pinstage._C.
+"""Builds pinstage's compiled core, pinstage._C (the package metadata is in pyproject.toml).
 
-A CUDAExtension when torch was built with CUDA and a CUDA toolkit is found, else a CPU-only
-CppExtension of the same sources (the .cu files are left out and PINSTAGE_WITH_CUDA is undefined).
-Knobs (environment):
-  PINSTAGE_FORCE_CPU=1     build the CPU-only extension even where CUDA is available
-  PINSTAGE_FORCE_CUDA=1    build the CUDA extension or fail (no silent CPU fallback)
-  TORCH_CUDA_ARCH_LIST     GPU architectures; default when no GPU is visible: "8.0;9.0+PTX"
-  MAX_JOBS                 parallel compile jobs (torch's ninja builder honours it)
+With a visible GPU and a usable CUDA toolkit: a CUDA extension. Anywhere else: the CPU-only
+extension of the same sources (the .cu files left out, PINSTAGE_WITH_CUDA undefined), which stages
+to the CPU. It says in one line which one it builds and why. Knobs (environment):
+  PINSTAGE_FORCE_CUDA=1    build the CUDA extension without a visible GPU (a wheel, a build box)
+  PINSTAGE_FORCE_CPU=1     build the CPU-only extension even where CUDA is usable
+  PINSTAGE_SANITIZE=1      AddressSanitizer + UBSan build of the CPU-only extension, for the tests
+  CUDA_HOME                the toolkit (else torch's guess, then /usr/local/cuda)
+  TORCH_CUDA_ARCH_LIST     GPU architectures; default without a visible GPU: "8.0;9.0+PTX"
+  MAX_JOBS                 parallel compile jobs
 """
 import glob
 import os
+import sys
 
-from setuptools import find_packages, setup
+from setuptools import setup
 from torch.utils import cpp_extension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -22,35 +25,64 @@ def _flag(name):
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _say(message):
+    print("pinstage setup: " + message, file=sys.stderr, flush=True)
+
+
+def _usable_cuda_home():
+    """The toolkit to build with: CUDA_HOME, torch's guess, or /usr/local/cuda, whichever has the
+    runtime headers and nvcc (torch guesses from `nvcc` on PATH, which may be a wrapper elsewhere)."""
+    for home in (os.environ.get("CUDA_HOME"), cpp_extension.CUDA_HOME, "/usr/local/cuda"):
+        if home and os.path.isfile(os.path.join(home, "include", "cuda_runtime_api.h")) and os.path.isfile(
+            os.path.join(home, "bin", "nvcc")
+        ):
+            return home
+    return None
+
+
 def _want_cuda():
     import torch
 
-    if _flag("PINSTAGE_FORCE_CPU"):
+    if _flag("PINSTAGE_FORCE_CPU") or _flag("PINSTAGE_SANITIZE"):
+        _say("building the CPU-only extension (PINSTAGE_FORCE_CPU or PINSTAGE_SANITIZE is set)")
         return False
-    have = torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
-    if _flag("PINSTAGE_FORCE_CUDA"):
-        if not have:
-            raise RuntimeError(
-                "PINSTAGE_FORCE_CUDA=1 but torch has no CUDA (torch.version.cuda=%r) or no CUDA "
-                "toolkit was found (CUDA_HOME=%r)" % (torch.version.cuda, cpp_extension.CUDA_HOME)
-            )
-        return True
-    return have
+    home = _usable_cuda_home()
+    forced = _flag("PINSTAGE_FORCE_CUDA")
+    if torch.version.cuda is None or home is None:
+        reason = ("torch %s has no CUDA" % torch.__version__ if torch.version.cuda is None else
+                  "no CUDA toolkit with headers was found (looked at CUDA_HOME=%r, %r and /usr/local/cuda; set "
+                  "CUDA_HOME to the toolkit's folder)" % (os.environ.get("CUDA_HOME"), cpp_extension.CUDA_HOME))
+        if forced:
+            raise RuntimeError("pinstage setup: PINSTAGE_FORCE_CUDA=1 but " + reason)
+        _say("building the CPU-only extension: " + reason)
+        return False
+    if not forced and not torch.cuda.is_available():
+        _say("building the CPU-only extension: no GPU is visible (PINSTAGE_FORCE_CUDA=1 builds CUDA anyway, with "
+             "the toolkit at %s)" % home)
+        return False
+    os.environ["CUDA_HOME"] = home
+    cpp_extension.CUDA_HOME = home
+    _say("building the CUDA extension with the toolkit at %s" % home)
+    return True
 
 
 def _extension():
     with_cuda = _want_cuda()
     cpp = sorted(glob.glob(os.path.join("csrc", "*", "*.cpp")))
-    # The C++ standard is the one torch requires (it adds the flag); -g0 drops the debug info that
-    # Python's own CFLAGS ask for, which doubles compile time on torch's headers.
+    # -g0: Python's own CFLAGS ask for debug info, which doubles compile time on torch's headers.
     cxx_flags = ["-O3", "-g0"]
+    link_flags = []
+    if _flag("PINSTAGE_SANITIZE"):
+        cxx_flags = ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined"]
+        link_flags = ["-fsanitize=address,undefined"]
     if not with_cuda:
-        return cpp_extension.CppExtension("pinstage._C", cpp, include_dirs=[CSRC], extra_compile_args={"cxx": cxx_flags})
+        return cpp_extension.CppExtension("pinstage._C", cpp, include_dirs=[CSRC],
+                                          extra_compile_args={"cxx": cxx_flags}, extra_link_args=link_flags)
     import torch
 
     if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
-        # torch would guess from a GPU it cannot see; Ampere and Hopper cover the engines' fleets,
-        # and the PTX lets newer GPUs JIT the (tiny) kernels.
+        # torch would guess from a GPU it cannot see; Ampere and Hopper cover the engines' fleets, and
+        # the PTX lets newer GPUs JIT the (tiny) kernel.
         os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0+PTX"
     cu = sorted(glob.glob(os.path.join("csrc", "*", "*.cu")))
     return cpp_extension.CUDAExtension(
@@ -62,13 +94,4 @@ def _extension():
     )
 
 
-setup(
-    name="pinstage",
-    version="0.1.0",
-    description="Stage per-step host data onto the GPU through a pinned ring, without waiting",
-    packages=find_packages(include=["pinstage", "pinstage.*"]),
-    ext_modules=[_extension()],
-    cmdclass={"build_ext": cpp_extension.BuildExtension},
-    python_requires=">=3.9",
-    install_requires=["torch"],
-)
+setup(ext_modules=[_extension()], cmdclass={"build_ext": cpp_extension.BuildExtension})

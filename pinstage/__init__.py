@@ -22,6 +22,7 @@ except ImportError as exc:  # a source checkout whose extension was not built
     ) from exc
 
 from . import _fallback, testing
+from ._version import __version__
 from ._api import (
     FetchHandle,
     RingFullError,
@@ -38,7 +39,6 @@ from ._api import (
 _C._set_fallback(_fallback.host_tensor)
 _fallback.register_buffer_types()
 
-__version__ = "0.2.0"
 __all__ = [
     "FetchHandle",
     "RingFullError",

@@ -1,50 +1,54 @@
-# Sourced by scripts/test.sh and scripts/bench.sh: picks (or makes) the Python environment and
-# builds pinstage._C in place when it is missing or older than its sources. Sets PY.
-#
-# - a .venv here that has torch: use it;
-# - else a python3 that already has torch (a GPU machine with its own torch; nothing is downloaded);
-# - else make .venv and install torch 2.14.1 and the build/test tools into it.
+# Sourced by scripts/test.sh and scripts/bench.sh: picks (or makes) the Python environment and builds
+# pinstage._C in place when it is missing or older than its sources. Sets PY.
+#   - a .venv here that has torch: use it;
+#   - else a python3 that already has torch (a GPU machine's own; nothing is downloaded);
+#   - else make .venv and install torch and the test and benchmark tools into it.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+say() { echo "[pinstage] $*" >&2; }
 
 if [ -x .venv/bin/python ] && .venv/bin/python -c "import torch" 2>/dev/null; then
   PY="$ROOT/.venv/bin/python"
 elif python3 -c "import torch" 2>/dev/null; then
   PY="$(command -v python3)"
 else
-  echo "[pinstage] no torch found: creating .venv with torch 2.14.1" >&2
+  say "no torch found: creating .venv and installing torch 2.14.1 (a CUDA build: about 5.5 GB on disk;"
+  say "about a minute from a warm pip cache, longer when it must download) with numpy, ninja, pytest, hypothesis, matplotlib"
   python3 -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip >&2 || true
-  .venv/bin/python -m pip install -q "torch==2.14.1" numpy pybind11 ninja pytest hypothesis setuptools wheel >&2
+  .venv/bin/python -m pip install -q "torch==2.14.1" numpy ninja pytest hypothesis matplotlib setuptools wheel >&2
   PY="$ROOT/.venv/bin/python"
 fi
 
-# Tools the build and tests need; installed only where missing (a GPU machine already has them).
 missing=$("$PY" - <<'PYEOF'
 import importlib.util
-print(" ".join(m for m in ("numpy", "ninja", "pytest", "setuptools", "hypothesis") if importlib.util.find_spec(m) is None))
+print(" ".join(m for m in ("numpy", "ninja", "pytest", "hypothesis", "matplotlib", "setuptools")
+               if importlib.util.find_spec(m) is None))
 PYEOF
 )
 if [ -n "$missing" ]; then
-  echo "[pinstage] installing missing: $missing" >&2
+  say "installing what this Python lacks: $missing"
   "$PY" -m pip install -q $missing >&2
 fi
-
-if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then export CUDA_HOME=/usr/local/cuda; fi
-
 export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
 
 suffix=$("$PY" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
 lib="pinstage/_C$suffix"
 build() {
-  echo "[pinstage] building pinstage._C with $PY (CUDA_HOME=${CUDA_HOME:-none}, CXX=${CXX:-c++}, MAX_JOBS=$MAX_JOBS)" >&2
-  "$PY" setup.py -q build_ext --inplace >&2
+  say "building pinstage._C ($MAX_JOBS parallel jobs; a first build takes 1-3 minutes)"
+  # One line per compiled file instead of the compiler's command lines; the whole log on failure.
+  if ! "$PY" setup.py build_ext --inplace > build.log 2>&1; then
+    tail -n 40 build.log >&2
+    say "the build failed; the whole log is in build.log"
+    return 1
+  fi
+  grep -E "^pinstage setup:" build.log >&2 || true
+  sed -nE 's|^\[([0-9]+/[0-9]+)\] .* -c (/[^ ]*/)?(csrc/[^ ]+) .*|  [\1] \3|p' build.log >&2
 }
 # A CXX from another toolchain than the C++ runtime the interpreter loads can build a module whose
-# integer formatting (any error message with a number in it) crashes inside libstdc++; seen with an
-# image whose CXX is a wrapper at /opt/gcc/bin/g++. So the fresh build raises one such error in a
-# subprocess, and if that crashes, it is rebuilt with the system compiler.
+# integer formatting (any error message with a number in it) crashes; so the fresh build raises one
+# such error in a subprocess, and if that crashes, it is rebuilt with the system compiler.
 error_path_works() {
   PYTHONPATH="$ROOT" "$PY" -c "
 import pinstage
@@ -57,8 +61,8 @@ except ValueError as e:
 if [ ! -f "$lib" ] || [ -n "$(find csrc setup.py -newer "$lib" -print -quit)" ]; then
   build
   if ! error_path_works && [ -x /usr/bin/g++ ] && [ "${CXX:-}" != /usr/bin/g++ ]; then
-    echo "[pinstage] the build crashes formatting errors (CXX=${CXX:-c++}); rebuilding with /usr/bin/g++" >&2
-    export CXX=/usr/bin/g++ CC=/usr/bin/gcc
+    say "the build crashes formatting errors (CXX=${CXX:-c++}); rebuilding with /usr/bin/g++"
+    export CXX=/usr/bin/g++ CC=/usr/bin/gcc LDSHARED="/usr/bin/g++ -shared"
     rm -rf build "$lib"
     build
   fi
