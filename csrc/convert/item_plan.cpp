@@ -4,15 +4,13 @@
 #include <ATen/ops/from_blob.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/Dtype.h>
-#include <torch/csrc/utils/pybind.h>
+#include <torch/csrc/DynamicTypes.h>
 
 #include <cstring>
 
 #include "convert/convert.h"
 #include "convert/dtypes.h"
-#include "python/tensor_check.h"
-
-namespace py = pybind11;
+#include "python/py_objects.h"
 
 namespace pinstage {
 namespace {
@@ -27,9 +25,11 @@ PyObject* dtype_object(c10::ScalarType t) {
 
 at::Tensor call_fallback(PyObject* data, c10::ScalarType dtype) {
   TORCH_CHECK(g_fallback != nullptr, "pinstage: the fallback converter is not registered (import pinstage, not pinstage._C)");
-  py::object result = py::reinterpret_borrow<py::object>(g_fallback)(py::handle(data), py::handle(dtype_object(dtype)));
-  TORCH_CHECK(is_tensor(result.ptr()), "pinstage: the fallback converter returned a non-tensor");
-  at::Tensor t = THPVariable_Unpack(result.ptr());
+  PyObject* result = checked(PyObject_CallFunctionObjArgs(g_fallback, data, dtype_object(dtype), nullptr));
+  const bool ok = is_tensor(result);
+  at::Tensor t = ok ? unpack_tensor(result) : at::Tensor();
+  Py_DECREF(result);
+  TORCH_CHECK(ok, "pinstage: the fallback converter returned a non-tensor");
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == dtype,
               "pinstage: the fallback converter returned a tensor of the wrong device or dtype");
   return t.contiguous();
@@ -94,7 +94,7 @@ c10::ScalarType parse_dtype(PyObject* dtype, const char* what) {
   TORCH_CHECK_TYPE(dtype != nullptr && THPDtype_Check(dtype), "pinstage: ", what, " must be a torch.dtype, got ",
                    dtype == nullptr ? "nothing" : Py_TYPE(dtype)->tp_name);
   const c10::ScalarType t = reinterpret_cast<THPDtype*>(dtype)->scalar_type;
-  TORCH_CHECK_TYPE(is_supported_dtype(t), "pinstage: unsupported dtype ", py::str(dtype).cast<std::string>(),
+  TORCH_CHECK_TYPE(is_supported_dtype(t), "pinstage: unsupported dtype ", dtype_name(t),
                    "; supported: torch.bool, uint8, int8, int16, int32, int64, uint16, uint32, uint64, "
                    "float16, bfloat16, float32, float64");
   return t;
@@ -114,7 +114,7 @@ ItemPlan plan_item(PyObject* data, c10::ScalarType dtype) {
   if (infer_fast_shape(data, &plan.shape)) {
     plan.source = Source::kPython;
   } else if (is_tensor(data)) {
-    plan.tensor = THPVariable_Unpack(data);
+    plan.tensor = unpack_tensor(data);
     TORCH_CHECK_TYPE(plan.tensor.device().is_cpu(), "pinstage: data is a tensor on ", plan.tensor.device().str(),
                      "; pinstage stages host data (for device tensors use tensor.to(device, non_blocking=True))");
     TORCH_CHECK_TYPE(plan.tensor.layout() == c10::kStrided, "pinstage: data is a ", plan.tensor.layout(),

@@ -47,7 +47,7 @@ ItemPlan plan_item(PyObject* data, c10::ScalarType dtype);
 
 // Writes the plan's bytes to dst (nbytes of room; may be null when nbytes is 0, the data is then
 // only validated). Falls back to torch.tensor's conversion where the fast paths decline; throws
-// (pybind11::error_already_set) when that raises. Returns true if the fallback was used.
+// (PythonError) when that raises. Returns true if the fallback was used.
 bool write_item(ItemPlan& plan, void* dst);
 
 // The plan's values as a fresh CPU tensor (for results on the CPU).

@@ -1,22 +1,15 @@
 #include "kernels/cache_index_plan.h"
 
 #include <ATen/ops/empty.h>
-#include <torch/csrc/utils/pybind.h>
 
 #include <tuple>
 
-#include "python/tensor_check.h"
+#include "python/py_objects.h"
 #include "kernels/cache_index_checks.h"
 
-namespace py = pybind11;
-
 namespace pinstage {
-namespace {
 
-// prefix_tensors: a list or tuple of one int64 1-D tensor per request, on req_to_token's device;
-// the per-request values are CPU int64 tensors. Returns (prefix_pointers uint64, out_cache_offsets
-// int64), CPU tensors. The prefix tensors and the device tensors are inspected, never read.
-std::tuple<at::Tensor, at::Tensor> cache_index_plan(const at::Tensor& req_to_token, py::handle prefix_tensors,
+std::tuple<at::Tensor, at::Tensor> cache_index_plan(const at::Tensor& req_to_token, PyObject* prefix_tensors,
                                                     const at::Tensor& req_pool_indices, const at::Tensor& prefix_lens,
                                                     const at::Tensor& seq_lens, const at::Tensor& extend_lens,
                                                     const at::Tensor& out_cache_loc) {
@@ -33,7 +26,7 @@ std::tuple<at::Tensor, at::Tensor> cache_index_plan(const at::Tensor& req_to_tok
     check_per_request(*t, name, at::kLong, batch, at::Device(at::kCPU));
   }
   // A list or tuple whose items are read without running Python code (no iteration protocol).
-  PyObject* seq = prefix_tensors.ptr();
+  PyObject* seq = prefix_tensors;
   TORCH_CHECK_TYPE(PyList_CheckExact(seq) || PyTuple_CheckExact(seq), kOp,
                    ": prefix_tensors must be a list or tuple, got ", Py_TYPE(seq)->tp_name);
   TORCH_CHECK_VALUE(PySequence_Fast_GET_SIZE(seq) == batch, kOp, ": prefix_tensors has ",
@@ -56,7 +49,7 @@ std::tuple<at::Tensor, at::Tensor> cache_index_plan(const at::Tensor& req_to_tok
     PyObject* obj = items[i];
     TORCH_CHECK_TYPE(is_tensor(obj), kOp, ": request ", i, ": prefix_tensors entry must be a tensor, got ",
                      Py_TYPE(obj)->tp_name);
-    const at::Tensor& cached = THPVariable_Unpack(obj);
+    const at::Tensor& cached = unpack_tensor(obj);
     TORCH_CHECK_VALUE(cached.device() == device, kOp, ": request ", i, ": prefix_tensors entry is on ",
                       cached.device(), " but req_to_token is on ", device);
     TORCH_CHECK_TYPE(cached.scalar_type() == at::kLong, kOp, ": request ", i,
@@ -75,16 +68,6 @@ std::tuple<at::Tensor, at::Tensor> cache_index_plan(const at::Tensor& req_to_tok
   TORCH_CHECK_VALUE(running == out_cache_loc.numel(), kOp, ": extend_lens add up to ", running,
                     " but out_cache_loc has ", out_cache_loc.numel(), " elements");
   return {pointers, offsets};
-}
-
-}  // namespace
-
-void bind_cache_index_plan(py::module_& m) {
-  m.def("cache_index_plan", &cache_index_plan, py::arg("req_to_token"), py::arg("prefix_tensors"),
-        py::arg("req_pool_indices"), py::arg("prefix_lens"), py::arg("seq_lens"), py::arg("extend_lens"),
-        py::arg("out_cache_loc"),
-        "Validate a write_cache_indices batch on the host (per-request values as CPU int64 tensors) and return "
-        "(prefix data pointers as uint64, each request's offset into out_cache_loc as int64), CPU tensors.");
 }
 
 }  // namespace pinstage

@@ -3,11 +3,19 @@
 // each request's start in out_cache_loc.
 #pragma once
 
-#include <pybind11/pybind11.h>
+#include <ATen/core/Tensor.h>
+#include <Python.h>
+
+#include <tuple>
 
 namespace pinstage {
 
-// Adds _C.cache_index_plan.
-void bind_cache_index_plan(pybind11::module_& m);
+// prefix_tensors: a list or tuple of one int64 1-D tensor per request, on req_to_token's device;
+// the per-request values are CPU int64 tensors. Returns (prefix_pointers uint64, out_cache_offsets
+// int64), CPU tensors. The prefix tensors and the device tensors are inspected, never read.
+std::tuple<at::Tensor, at::Tensor> cache_index_plan(const at::Tensor& req_to_token, PyObject* prefix_tensors,
+                                                    const at::Tensor& req_pool_indices, const at::Tensor& prefix_lens,
+                                                    const at::Tensor& seq_lens, const at::Tensor& extend_lens,
+                                                    const at::Tensor& out_cache_loc);
 
 }  // namespace pinstage

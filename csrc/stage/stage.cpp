@@ -1,15 +1,13 @@
 #include "stage/stage.h"
 
 #include <ATen/record_function.h>
-#include <torch/csrc/autograd/python_variable.h>
-#include <torch/csrc/utils/pybind.h>
 
 #include <cstring>
 #include <string>
 
 #include "convert/dtypes.h"
 #include "convert/item_plan.h"
-#include "python/tensor_check.h"
+#include "python/py_objects.h"
 #include "ring/registry.h"
 #include "stage/target.h"
 
@@ -19,8 +17,6 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #endif
-
-namespace py = pybind11;
 
 namespace pinstage {
 namespace {
@@ -42,10 +38,20 @@ auto for_item(size_t i, bool name_items, Fn&& fn) -> decltype(fn()) {
   if (!name_items) return fn();
   try {
     return fn();
-  } catch (py::error_already_set& e) {
-    const std::string msg = "pinstage.stage_many: item " + std::to_string(i) + ": " + py::str(e.value()).cast<std::string>();
-    PyErr_SetString(e.type().ptr(), msg.c_str());
-    throw py::error_already_set();
+  } catch (const PythonError&) {
+    // The same exception type, its message prefixed with the item.
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    if (type == nullptr) throw;
+    PyErr_NormalizeException(&type, &value, &traceback);
+    PyRef text(value != nullptr ? PyObject_Str(value) : nullptr);
+    const char* message = text.get() != nullptr ? PyUnicode_AsUTF8(text.get()) : nullptr;
+    if (message == nullptr) PyErr_Clear();
+    PyErr_Format(type, "pinstage.stage_many: item %zu: %s", i, message != nullptr ? message : "(no message)");
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(traceback);
+    throw PythonError();
   } catch (const c10::TypeError& e) {
     TORCH_CHECK_TYPE(false, "pinstage.stage_many: item ", i, ": ", e.what_without_backtrace());
   } catch (const c10::ValueError& e) {
@@ -65,7 +71,7 @@ class LeaseGuard {
         lease_ = *lease;
         return;
       }
-      py::gil_scoped_release no_gil;  // on_full="wait": let other Python threads run meanwhile
+      GilReleased no_gil;  // on_full="wait": let other Python threads run meanwhile
       ring.wait_for_oldest();
     }
   }
@@ -204,23 +210,22 @@ std::vector<at::Tensor> stage_many(PyObject* items, PyObject* stream, PyObject* 
   // not be able to free what the plans point at by mutating the caller's list.
   TORCH_CHECK_TYPE(PySequence_Check(items), "pinstage.stage_many: items must be a sequence of (data, dtype) pairs, got ",
                    Py_TYPE(items)->tp_name);
-  py::object seq = py::reinterpret_steal<py::object>(PySequence_Tuple(items));
-  if (!seq) throw py::error_already_set();
-  const Py_ssize_t n = PyTuple_GET_SIZE(seq.ptr());
+  const PyRef seq(checked(PySequence_Tuple(items)));
+  const Py_ssize_t n = PyTuple_GET_SIZE(seq.get());
   const Target target = resolve_target(stream, device);
-  std::vector<py::object> data_refs;
+  std::vector<PyRef> data_refs;
   data_refs.reserve(static_cast<size_t>(n));
   std::vector<ItemPlan> plans;
   plans.reserve(static_cast<size_t>(n));
   for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* pair = PyTuple_GET_ITEM(seq.ptr(), i);
+    PyObject* pair = PyTuple_GET_ITEM(seq.get(), i);
     TORCH_CHECK_TYPE((PyTuple_Check(pair) || PyList_Check(pair)) && PySequence_Fast_GET_SIZE(pair) == 2,
                      "pinstage.stage_many: item ", i, " must be a (data, dtype) pair, got ", Py_TYPE(pair)->tp_name);
     PyObject** fields = PySequence_Fast_ITEMS(pair);
-    data_refs.push_back(py::reinterpret_borrow<py::object>(fields[0]));
+    data_refs.push_back(PyRef::borrow(fields[0]));
     PyObject* dtype = fields[1];
     plans.push_back(for_item(static_cast<size_t>(i), true,
-                             [&] { return plan_item(data_refs.back().ptr(), parse_dtype(dtype, "dtype")); }));
+                             [&] { return plan_item(data_refs.back().get(), parse_dtype(dtype, "dtype")); }));
   }
   return stage_plans(plans, target, /*name_items=*/true);
 }
@@ -229,7 +234,7 @@ void stage_into(PyObject* data, PyObject* out_obj, PyObject* stream) {
   ProfilerRange range("pinstage::stage_into");
   TORCH_CHECK_TYPE(is_tensor(out_obj), "pinstage.stage_into: out must be a torch.Tensor, got ", Py_TYPE(out_obj)->tp_name);
   // The variable's own tensor (not a copy): a later `out.data = ...` shows through it.
-  const at::Tensor& out = THPVariable_Unpack(out_obj);
+  const at::Tensor& out = unpack_tensor(out_obj);
   const c10::ScalarType dtype = out.scalar_type();
   const c10::Device device = out.device();
   TORCH_CHECK_TYPE(is_supported_dtype(dtype), "pinstage.stage_into: out has unsupported dtype ", dtype_name(dtype));

@@ -2,10 +2,11 @@
 
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Stream.h>
-#include <torch/csrc/utils/pybind.h>
 
 #include <atomic>
 #include <string>
+
+#include "python/py_objects.h"
 
 #ifdef PINSTAGE_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -20,7 +21,8 @@ namespace {
 void ensure_cuda_initialized() {
   static std::atomic<bool> done{false};
   if (done.load(std::memory_order_acquire)) return;
-  pybind11::module_::import("torch.cuda").attr("_lazy_init")();
+  PyRef module(checked(PyImport_ImportModule("torch.cuda")));
+  PyRef result(checked(PyObject_CallMethod(module.get(), "_lazy_init", nullptr)));
   done.store(true, std::memory_order_release);
 }
 
