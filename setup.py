@@ -70,7 +70,7 @@ def _extension():
     with_cuda = _want_cuda()
     cpp = sorted(glob.glob(os.path.join("csrc", "*", "*.cpp")))
     # -g0: Python's own CFLAGS ask for debug info, which doubles compile time on torch's headers.
-    cxx_flags = ["-O3", "-g0"]
+    cxx_flags = ["-O3", "-g0", "-fvisibility=hidden"]
     link_flags = []
     if _flag("PINSTAGE_SANITIZE"):
         cxx_flags = ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined"]

@@ -3,6 +3,8 @@
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Stream.h>
 
+#include <pthread.h>
+
 #include <atomic>
 #include <string>
 
@@ -17,13 +19,31 @@
 namespace pinstage {
 namespace {
 
+std::atomic<bool> g_cuda_initialized{false};
+std::atomic<bool> g_forked_after_cuda{false};
+
+// A child forked after this process used CUDA inherits rings, events and a CUDA context that belong
+// to the parent: it gets a clear error for CUDA (and the CPU path still works), never a hang.
+void mark_forked_child() {
+  if (g_cuda_initialized.load()) g_forked_after_cuda.store(true);
+}
+
+void check_not_forked() {
+  TORCH_CHECK(!g_forked_after_cuda.load(std::memory_order_relaxed),
+              "pinstage: this process was forked after its parent used CUDA, so it cannot use CUDA (the parent's "
+              "rings and events are not its own); start workers with multiprocessing's 'spawn' method. Staging to "
+              "the CPU works here.");
+}
+
 // torch initialises CUDA lazily from Python; the caching allocator needs it done.
-void ensure_cuda_initialized() {
-  static std::atomic<bool> done{false};
-  if (done.load(std::memory_order_acquire)) return;
+[[maybe_unused]] void ensure_cuda_initialized() {
+  check_not_forked();
+  if (g_cuda_initialized.load(std::memory_order_acquire)) return;
   PyRef module(checked(PyImport_ImportModule("torch.cuda")));
   PyRef result(checked(PyObject_CallMethod(module.get(), "_lazy_init", nullptr)));
-  done.store(true, std::memory_order_release);
+  static const int registered = pthread_atfork(nullptr, nullptr, &mark_forked_child);
+  (void)registered;
+  g_cuda_initialized.store(true, std::memory_order_release);
 }
 
 // A CUDA device index as a c10::DeviceIndex (int8), after checking it names a visible device:
@@ -146,6 +166,7 @@ Target resolve_target(PyObject* stream, PyObject* device) {
 
 #ifdef PINSTAGE_WITH_CUDA
 c10::cuda::CUDAStream stream_on(PyObject* stream, c10::DeviceIndex device, const char* api) {
+  ensure_cuda_initialized();
   if (stream == Py_None) return c10::cuda::getCurrentCUDAStream(device);
   const Target target = resolve_target(stream, Py_None);
   TORCH_CHECK_VALUE(target.device.index() == device, "pinstage.", api, ": stream is on ", target.device.str(),

@@ -1,0 +1,168 @@
+"""Faults around staging on the GPU: out of device memory, a forked child, torch's empty_cache, a
+graph captured by another thread, and giving overflow memory back. Each must end in a clean
+exception or in correct values, never a hang, a crash or a leaked ring."""
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("CUDA is not available (torch.cuda.is_available() is False)", allow_module_level=True)
+
+import pinstage  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL_RING = 4096
+
+
+def run_child(script):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", textwrap.dedent(script)], env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, "exit %d\nstdout:\n%s\nstderr:\n%s" % (proc.returncode, proc.stdout[-3000:],
+                                                                       proc.stderr[-3000:])
+    return proc.stdout
+
+
+@pytest.fixture(autouse=True)
+def default_settings():
+    torch.cuda.synchronize()
+    ring = pinstage.stats()["ring_bytes"] or 8 << 20
+    yield
+    torch.cuda.synchronize()
+    pinstage.configure(ring_bytes=ring, on_full="overflow")
+
+
+def test_device_out_of_memory_raises_and_leaks_no_ring_space():
+    out = run_child(
+        """
+        import numpy as np, torch, pinstage
+        pinstage.configure(ring_bytes=1 << 20)
+        pinstage.stage_to_device([1], torch.int64)
+        torch.cuda.synchronize()
+        big = np.arange(1 << 16, dtype=np.int64)  # 512 KiB: fits the ring, not the device budget below
+        torch.cuda.set_per_process_memory_fraction(1e-9)
+        for _ in range(5):
+            try:
+                pinstage.stage_to_device(big, torch.int64)
+            except torch.OutOfMemoryError:
+                pass
+            else:
+                raise SystemExit("no OutOfMemoryError")
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.synchronize()
+        s = pinstage.stats()
+        assert s["in_flight_bytes"] == 0 and s["overflows"] == 0, s
+        got = pinstage.stage_to_device(big, torch.int64)
+        assert torch.equal(got.cpu(), torch.from_numpy(big))
+        print("ok")
+        """
+    )
+    assert "ok" in out
+
+
+def test_forked_child_gets_a_clear_error_and_the_cpu_path():
+    out = run_child(
+        """
+        import multiprocessing as mp, torch, pinstage
+        kept = pinstage.stage_to_device(list(range(100)), torch.int64)
+
+        def child(q):
+            try:
+                pinstage.stage_to_device([1, 2], torch.int64, device="cuda")
+                q.put("no error")
+            except RuntimeError as exc:
+                q.put("cpu ok" if pinstage.stage_to_device([1, 2], torch.int64, device="cpu").tolist() == [1, 2]
+                      and "forked" in str(exc) else "bad: %s" % exc)
+
+        ctx = mp.get_context("fork")
+        q = ctx.Queue()
+        p = ctx.Process(target=child, args=(q,))
+        p.start()
+        p.join(60)
+        print("child:", q.get(timeout=5), "exit", p.exitcode)
+        again = pinstage.stage_to_device(list(range(100, 200)), torch.int64)
+        assert kept.cpu().tolist() == list(range(100)) and again.cpu().tolist() == list(range(100, 200))
+        print("parent ok")
+        """
+    )
+    assert "child: cpu ok exit 0" in out and "parent ok" in out, out
+
+
+def test_torch_empty_cache_between_stagings():
+    kept = []
+    for i in range(50):
+        kept.append((i, pinstage.stage_to_device(list(range(i, i + 300)), torch.int64)))
+        if i % 5 == 0:
+            torch.cuda.empty_cache()
+    torch.cuda.synchronize()
+    for i, t in kept:
+        assert t.cpu().tolist() == list(range(i, i + 300))
+
+
+def test_overflow_blocks_are_given_back_by_empty_cache():
+    pinstage.configure(ring_bytes=SMALL_RING)
+    torch.cuda.synchronize()
+    pinstage.empty_cache()
+    before = pinstage.stats()["overflow_reserved_bytes"]
+    torch.cuda._sleep(50_000_000)
+    kept = [pinstage.stage_to_device(list(range(i, i + 4000)), torch.int64) for i in range(40)]  # 32 KB each
+    burst = pinstage.stats()
+    assert burst["overflow_reserved_bytes"] > before, "the burst did not overflow"
+    pinstage.empty_cache()  # copies still in flight: their blocks stay
+    assert pinstage.stats()["overflow_reserved_bytes"] > before
+    torch.cuda.synchronize()
+    for i, t in enumerate(kept):
+        assert t.cpu().tolist() == list(range(i, i + 4000))
+    pinstage.empty_cache()
+    after = pinstage.stats()
+    assert after["overflow_reserved_bytes"] == 0, after
+    assert after["overflow_peak_reserved_bytes"] >= burst["overflow_reserved_bytes"]
+
+
+def test_staging_while_another_thread_captures_a_graph_in_global_mode():
+    """torch's default capture mode ("global") forbids unsafe CUDA calls in every thread while it
+    captures; pinstage's event queries and records run in relaxed mode, so staging on other streams
+    neither fails nor invalidates the capture."""
+    pinstage.configure(ring_bytes=SMALL_RING)
+    side = torch.cuda.Stream()
+    warm = [pinstage.stage_to_device(list(range(64)), torch.int64, side) for _ in range(300)]  # allocator warm
+    torch.cuda.synchronize()
+    del warm
+    static = torch.zeros(8, device="cuda")
+    capturing, staged, errors, outputs = threading.Event(), threading.Event(), [], {}
+    graph = torch.cuda.CUDAGraph()
+    capture_stream = torch.cuda.Stream()
+
+    def capture():
+        try:
+            with torch.cuda.graph(graph, stream=capture_stream):
+                y = static * 3
+                capturing.set()
+                staged.wait(60)
+            outputs["y"] = y
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+            capturing.set()
+
+    t = threading.Thread(target=capture)
+    t.start()
+    assert capturing.wait(60)
+    results = []
+    try:
+        for i in range(200):
+            results.append((i, pinstage.stage_to_device(list(range(i, i + 64)), torch.int64, side)))
+    finally:
+        staged.set()
+        t.join(60)
+    assert not errors, "the capture failed: %r" % errors
+    static.fill_(2)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert outputs["y"].tolist() == [6.0] * 8
+    for i, r in results:
+        assert r.cpu().tolist() == list(range(i, i + 64))
