@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One GPU round: environment, build, the README's test command, compute-sanitizer on the tests that
 # stress the ring, the benchmarks, the stress run. Logs, JSON and plots go to $OUT.
-# Usage: OUT=/some/dir bash bench/gpu_round.sh [tests] [sanitizer] [bench] [decode] [stress] [quick]
-#   (no stage named: all of them; "quick" shortens the benchmarks)
+# Usage: OUT=/some/dir bash bench/gpu_round.sh [tests] [sanitizer] [bench] [decode] [stress] [quick] [pack]
+#   (no stage named: all of them; "quick" shortens the benchmarks; "pack" leaves one round.tgz in $OUT)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-bench/out/gpu}"
@@ -12,7 +12,7 @@ export PYTHONUNBUFFERED=1
 # Compile and link with the system compiler (Python's LDSHARED names the wrapper otherwise).
 export CXX="${CXX:-/usr/bin/g++}" CC="${CC:-/usr/bin/gcc}" MAX_JOBS="${MAX_JOBS:-$(nproc)}"
 export LDSHARED="${LDSHARED:-$CXX -shared}" PYTHONFAULTHANDLER=1
-stages="${*:-tests sanitizer bench decode stress}"
+stages="${*:-tests sanitizer bench decode stress pack}"
 has() { [[ " $stages " == *" $1 "* ]]; }
 quick=""
 has quick && quick="--quick"
@@ -46,9 +46,9 @@ fi
 if has sanitizer; then
   stamp "compute-sanitizer memcheck and synccheck"
   for tool in memcheck synccheck; do
-    timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
-      python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda_stage.py tests/test_fetch.py tests/test_builders_cache.py \
-      -k "race or wrap or full_ring or stage_into or stage_many or failed_calls or cache or held or fetch or kernel" \
+    timeout "${SANITIZER_SECONDS:-150}" compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
+      python3 -m pytest -q -p no:cacheprovider tests/test_cuda_stage.py tests/test_fetch.py tests/test_builders_cache.py \
+      -k "race_with_overflow or wraps_around or full_ring or stage_into_checks or stage_many_is_one or failed_calls or kernel_matches or held_handle or released_unready" \
       > "$OUT/sanitizer-$tool.log" 2>&1
     echo "$tool exit: $?"
     grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitizer-$tool.log" | tail -n 3
@@ -81,4 +81,12 @@ if has stress && [ -f bench/stress.py ]; then
   echo "stress exit: $?"
   tail -n 30 "$OUT/stress.log"
 fi
+if has probe && [ -f bench/out/probe_idle.py ]; then
+  stamp "probe"
+  python3 bench/out/probe_idle.py > "$OUT/probe.log" 2>&1
+  cat "$OUT/probe.log"
+fi
 stamp "done"
+if has pack; then
+  tar -C "$OUT" -czf /tmp/round.tgz . && rm -rf "${OUT:?}"/* && mv /tmp/round.tgz "$OUT/"
+fi
