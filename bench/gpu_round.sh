@@ -9,9 +9,10 @@ OUT="${OUT:-bench/out/gpu}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 # The image's default CXX is another toolchain's wrapper; its builds crash formatting numbers.
-# Compile and link with the system compiler (Python's LDSHARED names the wrapper otherwise).
+# Compile and link with the system compiler: Python's LDSHARED/LDCXXSHARED name the image's wrapper,
+# whose modules crash formatting numbers in error messages.
 export CXX="${CXX:-/usr/bin/g++}" CC="${CC:-/usr/bin/gcc}" MAX_JOBS="${MAX_JOBS:-$(nproc)}"
-export LDSHARED="${LDSHARED:-$CXX -shared}" PYTHONFAULTHANDLER=1
+export LDSHARED="${LDSHARED:-$CC -shared}" LDCXXSHARED="${LDCXXSHARED:-$CXX -shared}" PYTHONFAULTHANDLER=1
 stages="${*:-tests sanitizer bench decode stress pack}"
 has() { [[ " $stages " == *" $1 "* ]]; }
 quick=""
@@ -33,7 +34,13 @@ if ! python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1; then
   tail -n 60 "$OUT/build.log"
   exit 1
 fi
-tail -n 2 "$OUT/build.log"
+grep -E "^pinstage setup:|-shared" "$OUT/build.log" | cut -c1-160
+# An error message that formats an integer: the toolchain check.
+python3 -c "import torch, pinstage
+try:
+    pinstage.stage_to_device(range(2**61), torch.int64, device='cpu')
+except RuntimeError as e:
+    print('error path ok:', str(e)[:60])"
 
 if has tests; then
   stamp "tests (the README's test command)"
@@ -83,7 +90,7 @@ if has stress && [ -f bench/stress.py ]; then
 fi
 if has probe && [ -f bench/out/probe_idle.py ]; then
   stamp "probe"
-  python3 bench/out/probe_idle.py > "$OUT/probe.log" 2>&1
+  PYTHONPATH=. python3 bench/out/probe_idle.py > "$OUT/probe.log" 2>&1
   cat "$OUT/probe.log"
 fi
 stamp "done"

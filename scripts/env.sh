@@ -46,23 +46,23 @@ build() {
   grep -E "^pinstage setup:" build.log >&2 || true
   sed -nE 's|^\[([0-9]+/[0-9]+)\] .* -c (/[^ ]*/)?(csrc/[^ ]+) .*|  [\1] \3|p' build.log >&2
 }
-# A CXX from another toolchain than the C++ runtime the interpreter loads can build a module whose
-# integer formatting (any error message with a number in it) crashes; so the fresh build raises one
-# such error in a subprocess, and if that crashes, it is rebuilt with the system compiler.
+# A compiler or linker from another toolchain than the C++ runtime the interpreter loads can build a
+# module whose integer formatting (any error message with a number in it) crashes; so the fresh build
+# raises one such error in a subprocess, and if that crashes, it is rebuilt with the system compiler.
 error_path_works() {
   PYTHONPATH="$ROOT" "$PY" -c "
-import pinstage
+import torch, pinstage
 try:
-    pinstage.configure(ring_bytes=-1)
-except ValueError as e:
-    assert '-1' in str(e)
+    pinstage.stage_to_device(range(2**61), torch.int64, device='cpu')
+except RuntimeError as e:
+    assert '2305843009213693952' in str(e)
 " >/dev/null 2>&1
 }
 if [ ! -f "$lib" ] || [ -n "$(find csrc setup.py -newer "$lib" -print -quit)" ]; then
   build
   if ! error_path_works && [ -x /usr/bin/g++ ] && [ "${CXX:-}" != /usr/bin/g++ ]; then
     say "the build crashes formatting errors (CXX=${CXX:-c++}); rebuilding with /usr/bin/g++"
-    export CXX=/usr/bin/g++ CC=/usr/bin/gcc LDSHARED="/usr/bin/g++ -shared"
+    export CXX=/usr/bin/g++ CC=/usr/bin/gcc LDSHARED="/usr/bin/gcc -shared" LDCXXSHARED="/usr/bin/g++ -shared"
     rm -rf build "$lib"
     build
   fi

@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <type_traits>
+#include <memory>
 #include <utility>
 
 #include "convert/dtypes.h"
@@ -87,17 +88,16 @@ void register_buffer_types(PyObject* numpy_ndarray, PyObject* numpy_generic, PyO
   g_array_array = as_type(array_array);
 }
 
-BufferSource::BufferSource(BufferSource&& other) noexcept { *this = std::move(other); }
-
 BufferSource& BufferSource::operator=(BufferSource&& other) noexcept {
   if (this != &other) {
     release();
-    view_ = other.view_;
-    held_ = std::exchange(other.held_, false);
+    view_ = std::move(other.view_);
     kind_ = other.kind_;
     element_type_ = other.element_type_;
     shape_ = std::move(other.shape_);
     element_strides_ = std::move(other.element_strides_);
+    data_ = other.data_;
+    itemsize_ = other.itemsize_;
   }
   return *this;
 }
@@ -105,8 +105,8 @@ BufferSource& BufferSource::operator=(BufferSource&& other) noexcept {
 BufferSource::~BufferSource() { release(); }
 
 void BufferSource::release() {
-  if (held_) PyBuffer_Release(&view_);
-  held_ = false;
+  if (view_ != nullptr) PyBuffer_Release(view_.get());
+  view_.reset();
 }
 
 bool BufferSource::open(PyObject* obj) {
@@ -121,30 +121,34 @@ bool BufferSource::open(PyObject* obj) {
   } else {
     return false;
   }
-  if (PyObject_GetBuffer(obj, &view_, PyBUF_RECORDS_RO) != 0) {
+  auto view = std::make_unique<Py_buffer>();
+  if (PyObject_GetBuffer(obj, view.get(), PyBUF_RECORDS_RO) != 0) {
     PyErr_Clear();  // e.g. numpy object arrays: torch.tensor says what is wrong with them
     return false;
   }
-  held_ = true;
-  element_type_ = element_type_of(view_.format, view_.itemsize);
+  view_ = std::move(view);
+  const Py_buffer& v = *view_;
+  element_type_ = element_type_of(v.format, v.itemsize);
   // torch.tensor reads a memoryview of halves as a sequence it cannot size, and a sequence of more
   // than one dimension not at all: let it raise its own errors.
   const bool readable = element_type_ != c10::ScalarType::Undefined &&
-                        (kind_ != Kind::kSequence || (view_.ndim == 1 && element_type_ != c10::ScalarType::Half));
+                        (kind_ != Kind::kSequence || (v.ndim == 1 && element_type_ != c10::ScalarType::Half));
   if (!readable) {
     release();
     return false;
   }
-  shape_.assign(view_.shape, view_.shape + view_.ndim);
-  element_strides_.resize(static_cast<size_t>(view_.ndim));
-  for (int d = 0; d < view_.ndim; ++d) {  // PyBUF_RECORDS_RO asks for strides: they are filled in
+  shape_.assign(v.shape, v.shape + v.ndim);
+  element_strides_.resize(static_cast<size_t>(v.ndim));
+  for (int d = 0; d < v.ndim; ++d) {  // PyBUF_RECORDS_RO asks for strides: they are filled in
     // Negative or fractional strides: torch.from_numpy refuses them (ValueError), so torch decides.
-    if (view_.strides[d] < 0 || view_.strides[d] % view_.itemsize != 0) {
+    if (v.strides[d] < 0 || v.strides[d] % v.itemsize != 0) {
       release();
       return false;
     }
-    element_strides_[static_cast<size_t>(d)] = view_.strides[d] / view_.itemsize;
+    element_strides_[static_cast<size_t>(d)] = v.strides[d] / v.itemsize;
   }
+  data_ = v.buf;
+  itemsize_ = v.itemsize;
   return true;
 }
 
@@ -163,7 +167,7 @@ bool BufferSource::write(c10::ScalarType dtype, void* dst) const {
   for (int64_t s : shape_) numel *= s;  // checked by the caller's plan (checked_nbytes)
   if (numel == 0) return true;
   if (dtype == element_type_ && contiguous()) {
-    std::memcpy(dst, view_.buf, static_cast<size_t>(numel) * itemsize);
+    std::memcpy(dst, data_, static_cast<size_t>(numel) * itemsize);
     return true;
   }
   if (kind_ == Kind::kNumpyArray) {
@@ -171,14 +175,15 @@ bool BufferSource::write(c10::ScalarType dtype, void* dst) const {
     // which also gathers a strided array. Python dispatch modes are kept out of it.
     c10::impl::ExcludeDispatchKeyGuard no_python(c10::DispatchKeySet(
         {c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
-    const at::Tensor src = at::from_blob(view_.buf, shape_, element_strides_, at::TensorOptions().dtype(element_type_));
+    const at::Tensor src = at::from_blob(const_cast<void*>(data_), shape_, element_strides_,
+                                         at::TensorOptions().dtype(element_type_));
     at::from_blob(dst, shape_, at::TensorOptions().dtype(dtype)).copy_(src);
     return true;
   }
   if (kind_ == Kind::kNumpyScalar) return false;  // torch.tensor decides every cast of a numpy scalar
   // A 1-D sequence of Python numbers: each element as torch.tensor converts that number.
-  const auto* base = static_cast<const uint8_t*>(view_.buf);
-  const Py_ssize_t stride = view_.strides != nullptr ? view_.strides[0] : view_.itemsize;
+  const auto* base = static_cast<const uint8_t*>(data_);
+  const int64_t stride = element_strides_[0] * itemsize_;
   return dispatch_dtype(dtype, [&](auto out_tag) {
     using T = decltype(out_tag);
     T* out = static_cast<T*>(dst);

@@ -8,6 +8,7 @@
 #include <c10/util/ArrayRef.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace pinstage {
@@ -30,7 +31,7 @@ class BufferSource {
   BufferSource() = default;
   BufferSource(const BufferSource&) = delete;
   BufferSource& operator=(const BufferSource&) = delete;
-  BufferSource(BufferSource&& other) noexcept;
+  BufferSource(BufferSource&& other) noexcept = default;
   BufferSource& operator=(BufferSource&& other) noexcept;
   ~BufferSource();  // releases the export; the GIL is held
 
@@ -50,12 +51,15 @@ class BufferSource {
   void release();
   bool contiguous() const;
 
-  Py_buffer view_{};
-  bool held_ = false;
+  // On the heap: an exporter may point the view's fields into the struct itself (array.array's
+  // strides do), so it must not move; only the copies below are read after open().
+  std::unique_ptr<Py_buffer> view_;
   Kind kind_ = Kind::kSequence;
   c10::ScalarType element_type_ = c10::ScalarType::Undefined;
   std::vector<int64_t> shape_;
   std::vector<int64_t> element_strides_;
+  const void* data_ = nullptr;
+  int64_t itemsize_ = 0;
 };
 
 }  // namespace pinstage
