@@ -62,7 +62,7 @@ if [ ! -f "$lib" ] || [ -n "$(find csrc setup.py -newer "$lib" -print -quit)" ];
   build
   if ! error_path_works && [ -x /usr/bin/g++ ] && [ "${CXX:-}" != /usr/bin/g++ ]; then
     say "the build crashes formatting errors (CXX=${CXX:-c++}); rebuilding with /usr/bin/g++"
-    export CXX=/usr/bin/g++ CC=/usr/bin/gcc LDSHARED="/usr/bin/gcc -shared" LDCXXSHARED="/usr/bin/g++ -shared"
+    export CXX=/usr/bin/g++ CC=/usr/bin/gcc
     rm -rf build "$lib"
     build
   fi
