@@ -225,10 +225,11 @@ def test_exit_with_fetches_in_flight():
     script = textwrap.dedent(
         """
         import torch, pinstage
-        pinstage.fetch_to_host(torch.ones(1, device="cuda")).wait()  # the ring exists before the clock starts
+        src = torch.arange(6400, device="cuda")  # allocated first: a cudaMalloc may wait for the GPU
+        pinstage.fetch_to_host(src[:1]).wait()  # the ring exists before the clock starts
         torch.cuda._sleep(200_000_000)
         done = torch.cuda.Event(); done.record()
-        keep = [pinstage.fetch_to_host(torch.arange(i, i + 64, device="cuda")) for i in range(100)]
+        keep = [pinstage.fetch_to_host(src[64 * i: 64 * (i + 1)]) for i in range(100)]
         views = [k.numpy() for k in keep[:3]] if done.query() else None
         print("in flight", not done.query(), flush=True)
         """

@@ -30,6 +30,19 @@ inline uint8_t* allocate_pinned(size_t bytes, c10::DeviceIndex device) {
   return static_cast<uint8_t*>(p);
 }
 
+// cudaMemcpyAsync, with the one refusal engines meet explained: while another thread captures a CUDA
+// graph in torch's default "global" mode, the driver refuses copies in every thread.
+inline void copy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+  const cudaError_t err = cudaMemcpyAsync(dst, src, bytes, kind, stream);
+  if (err == cudaErrorStreamCaptureUnsupported || err == cudaErrorStreamCaptureImplicit) {
+    (void)cudaGetLastError();
+    TORCH_CHECK(false, "pinstage: the CUDA driver refused the copy because another thread is capturing a CUDA graph "
+                       "in torch's default \"global\" capture mode, which forbids it (and torch's own copies) in every "
+                       "thread; capture with torch.cuda.graph(..., capture_error_mode=\"thread_local\") to stage meanwhile");
+  }
+  C10_CUDA_CHECK(err);
+}
+
 // cudaFreeHost may synchronise the device: only configure() and empty_cache() call this, never a
 // staging call.
 inline void free_pinned(uint8_t* p) {

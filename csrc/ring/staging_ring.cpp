@@ -204,7 +204,12 @@ void StagingRing::retire_slab_locked() {
 
 StagingRing::Snapshot StagingRing::snapshot() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (slab_->base != nullptr) release_completed_locked();
+  release_completed_locked();
+  {
+    c10::cuda::CUDAGuard device_guard(device_);
+    c10::cuda::CUDAStreamCaptureModeGuard capture_mode(cudaStreamCaptureModeRelaxed);
+    overflow_.release_completed(fences_);
+  }
   const auto& ring = slab_->ring;
   size_t retired_in_flight = 0;
   for (const auto& s : retired_) retired_in_flight += s->ring.in_flight_bytes();

@@ -74,8 +74,8 @@ std::shared_ptr<FetchHandle> FetchHandle::start(const std::vector<at::Tensor>& t
   try {
     for (size_t i = 0; i < sources.size(); ++i) {
       if (sources[i].nbytes() == 0) continue;
-      C10_CUDA_CHECK(cudaMemcpyAsync(region->lease.data + handle->offsets_[i], sources[i].const_data_ptr(),
-                                     sources[i].nbytes(), cudaMemcpyDeviceToHost, s.stream()));
+      copy_async(region->lease.data + handle->offsets_[i], sources[i].const_data_ptr(), sources[i].nbytes(),
+                 cudaMemcpyDeviceToHost, s.stream());
       ++copies;
       // The source may be freed once this call returns: its memory must not be reused by its own
       // stream before the copy on `s` has read it.

@@ -86,7 +86,7 @@ class LeaseGuard {
   // Once the copy is enqueued the region must never be given back, even if recording its fence
   // fails: holding it forever is safe, handing it out again while the copy reads it is not.
   void copy_and_commit(void* dst, size_t bytes, const c10::cuda::CUDAStream& stream) {
-    C10_CUDA_CHECK(cudaMemcpyAsync(dst, lease_.data, bytes, cudaMemcpyHostToDevice, stream.stream()));
+    copy_async(dst, lease_.data, bytes, cudaMemcpyHostToDevice, stream.stream());
     HostLease enqueued = lease_;
     lease_ = HostLease{};
     ring_.commit(enqueued, stream.stream());
