@@ -150,6 +150,9 @@ class TinyDecoder:
         the final hidden states [n, d]."""
         cfg = self.cfg
         hd = cfg.d_model // cfg.n_heads
+        # Each token's slot in its row of req_to_token (prefill rows were filled by write_cache_indices
+        # already; a decode token's slot is written here, as SGLang's decode does).
+        self.req_to_token[rows, positions] = out_cache_loc.to(torch.int32)
         x = self.embed[input_ids]
         n = x.shape[0]
         for i, layer in enumerate(self.layers):
@@ -401,10 +404,10 @@ class Loop:
                             seq_lens, extend_lens, loc_d, backend=b)
         return ids, rows_d, pos_d, loc_d, req_rows, indices, batch
 
-    def prefill(self, new):
+    def prefill(self, staged):
         """Extends the new requests' prompts after their cached prefix and samples each one's first
         token (with the input logprobs some of them asked for). Returns the first tokens (device)."""
-        ids, rows_d, pos_d, loc_d, req_rows, indices, batch = self.prepared(lambda: self.prefill_inputs(new))
+        ids, rows_d, pos_d, loc_d, req_rows, indices, batch = staged
         m = self.model
         kept = m.logits(m.forward(ids, rows_d, pos_d, loc_d)[indices.pruned_row_indices])
         kept[indices.input_logprob_indices].log_softmax(-1)  # the input logprobs an engine would return
@@ -413,9 +416,9 @@ class Loop:
     # ----- decode
 
     def decode_inputs(self, static, bs):
-        """(seq_lens, req_pool_indices, out_cache_loc) on the device and the sampling batch, staged
-        the backend's way. The batch-state backend writes the graph's static inputs with stage_into
-        and returns None for the first."""
+        """((seq_lens, req_pool_indices, out_cache_loc) on the device, sampling batch), staged the
+        backend's way. The batch-state backend writes the graph's static inputs with stage_into and
+        gives None for the first."""
         max_ctx = self.cfg.max_ctx
         if self.state is not None:
             st = self.state
@@ -430,17 +433,11 @@ class Loop:
         batch = build_sampling_batch([r.spec.params for r in self.running], backend=b, device=self.dev)
         return (inputs.seq_lens, inputs.req_pool_indices, loc), batch
 
-    def decode(self):
+    def decode(self, staged, batch):
+        """The graph on the static inputs (filled from `staged` unless stage_into wrote them), then
+        sampling. Returns the sampled tokens (device)."""
         bs = len(self.running)
         static = self.graphs.inputs(bs)
-
-        def build():
-            staged, batch = self.decode_inputs(static, bs)
-            if staged is None and self.record is not None:  # written in place: keep what was written
-                staged = tuple(s[:bs].clone() for s in static[1:])
-            return staged, batch
-
-        staged, batch = self.prepared(build)
         if staged is not None:
             for dst, src in zip(static[1:], staged):
                 dst[:bs].copy_(src, non_blocking=True)
@@ -466,27 +463,40 @@ class Loop:
             handle.release()
 
     def step(self):
-        """One scheduler step: admit and prefill, decode the batch, retire finished requests."""
+        """One scheduler step: admit, prepare every input on the host, launch the prefill and the
+        decode on the device, retire the finished requests. The CUDA events around the launches
+        time the GPU's starvation: the gap from one step's end to the next step's launches is where
+        the GPU waited for the host."""
         self.step_prep = 0.0
+        new = self.admit()
+        prefill_staged = self.prepared(lambda: self.prefill_inputs(new)) if new else None
+        for r in new:
+            r.generated = 1
+            r.request.output_ids.append(PENDING)  # its first token, sampled by the prefill
+            self.running.append(r)
+            if self.state is not None:
+                self.state.add(r.request)
+        if len(self.running) >= self.cfg.batch_size or not self.pending_specs:
+            self.filling = False
+        decode_staged = None
+        if self.running:
+            bs = len(self.running)
+            decode_staged = self.prepared(lambda: self.decode_inputs(self.graphs.inputs(bs), bs))
         if self.cuda:
             begin = torch.cuda.Event(enable_timing=True)
             begin.record()
-        new = self.admit()
         if new:
-            first = self.prefill(new)
+            first = self.prefill(prefill_staged)
             self.fetch(first, [r.spec.rid for r in new])
-            for r in new:
-                r.generated = 1
-                r.request.output_ids.append(PENDING)  # sampled, on its way back
-                self.running.append(r)
-                if self.state is not None:
-                    self.state.add(r.request)
             self.next_ids = torch.cat([self.next_ids, first])
-        if len(self.running) >= self.cfg.batch_size or not self.pending_specs:
-            self.filling = False
         if self.running:
-            tokens = self.decode()
+            tokens = self.decode(*decode_staged)
             self.fetch(tokens, [r.spec.rid for r in self.running])
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.step_events.append((begin, end))
+        if self.running:
             for r in self.running:
                 r.generated += 1
                 r.request.output_ids.append(PENDING)
@@ -505,10 +515,6 @@ class Loop:
                 (keep_d,) = self.prepared(lambda: self.stage([(keep, torch.int64)]))
                 tokens = tokens[keep_d]
             self.next_ids = tokens
-        if self.cuda:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self.step_events.append((begin, end))
         self.prep_s.append(self.step_prep)
         self.read_back()
         self.step_index += 1
@@ -576,8 +582,8 @@ def run_backend(backend, cfg, model, graphs, specs, record=None, replay=None):
 
 
 def gpu_idle_fraction(events):
-    """Share of the span from the first step's start to the last step's end in which the GPU sat
-    between one step's end and the next step's start."""
+    """Share of the span from the first step's launches to the last step's end in which the GPU sat
+    between one step's end and the next step's launches: waiting for the host."""
     if len(events) < 2:
         return None
     gaps = sum(max(0.0, events[i][1].elapsed_time(events[i + 1][0])) for i in range(len(events) - 1))
@@ -593,7 +599,7 @@ def run_config(cfg, dev, cycles_per_us):
     results, reference, recorded = {}, None, []
     for backend in BACKENDS:
         tokens, metrics = run_backend(backend, cfg, model, graphs, specs,
-                                      record=recorded if backend == "pinstage_state" else None)
+                                      record=recorded if backend == "pinstage_list" else None)
         if reference is None:
             reference = tokens
         else:
@@ -602,6 +608,7 @@ def run_config(cfg, dev, cycles_per_us):
                 backend, BACKENDS[0], len(bad), bad[0], tokens.get(bad[0]), reference.get(bad[0]))
         results[backend] = metrics
         _progress(cfg, backend, metrics)
+    # The list run's device inputs are separate tensors: keeping them for the replay costs it nothing.
     _, results["ideal"] = run_backend("ideal", cfg, model, graphs, specs, replay=recorded)
     _progress(cfg, "ideal", results["ideal"])
     return results

@@ -166,7 +166,11 @@ def test_staging_while_another_thread_captures_a_graph(mode):
         staged.set()
         t.join(60)
     if mode == "global":
-        assert refused and "capture_error_mode" in str(refused[0]), refused
+        # Refused by pinstage's copy (its message names capture_error_mode) or by torch's caching
+        # allocator serving the result: a clean RuntimeError either way.
+        assert refused, "staging went on during a global-mode capture in another thread"
+        message = str(refused[0])
+        assert "capture_error_mode" in message or "stream is capturing" in message, message
     else:
         assert not refused, refused
         assert not errors, "the capture failed: %r" % errors

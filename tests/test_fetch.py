@@ -95,6 +95,12 @@ def test_values_equal_cpu_copies_under_a_busy_stream(dtype, small_ring):
     sources = [sample(dtype, shape, i).cuda() for i, shape in enumerate(shapes)]
     sources.append(sources[-1].transpose(0, 2))  # non-contiguous: gathered on the stream first
     expected = [s.cpu() for s in sources]
+    # A new overflow block is pinned memory allocated on demand, which may wait for the GPU: let the
+    # pool grow to this test's size first (steady state reuses its blocks).
+    warm = [pinstage.fetch_to_host(s) for s in sources] + [pinstage.fetch_many(sources)]
+    torch.cuda.synchronize()
+    for h in warm:
+        h.release()
     done = busy()
     handles = [pinstage.fetch_to_host(s) for s in sources]
     many = pinstage.fetch_many(sources)

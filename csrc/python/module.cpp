@@ -10,6 +10,7 @@
 #include "convert/buffer_source.h"
 #include "convert/item_plan.h"
 #include "kernels/cache_index_plan.h"
+#include "kernels/logprob_indices.h"
 #include "python/errors.h"
 #include "python/py_objects.h"
 #include "ring/options.h"
@@ -239,6 +240,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_fallback", [](py::handle fn) { set_fallback(fn.ptr()); });
   m.def("_register_buffer_types", [](py::handle ndarray, py::handle generic, py::handle array) {
     register_buffer_types(ndarray.ptr(), generic.ptr(), array.ptr());
+  });
+  m.def("logprob_indices", [](const at::Tensor& lens, const at::Tensor& starts) {
+    return translate_errors([&] { return logprob_indices(lens, starts); });
   });
   m.def("cache_index_plan", [](const at::Tensor& req_to_token, py::handle prefix_tensors, const at::Tensor& rows,
                                const at::Tensor& prefix_lens, const at::Tensor& seq_lens, const at::Tensor& extend_lens,
