@@ -268,7 +268,10 @@ def sleep_cycles_per_us():
 
 def sample(logits, batch, rows, counts, generator):
     """Penalties (from the output-token counts of each request's row), temperature, top-k / top-p /
-    min-p and sampling, as SGLang's sampler and penalizers apply them. Greedy rows take the argmax."""
+    min-p and sampling, as SGLang's sampler and penalizers apply them; greedy rows take the argmax.
+    No operation here waits for the GPU: sampling is an exponential race (argmax of p / Exp(1)) rather
+    than torch.multinomial, and the counts grow by scatter_add_ rather than index_put_(accumulate=True),
+    both of which synchronise on CUDA."""
     if batch.penalties is not None:
         c = counts[rows].float()  # [bs, vocab]
         freq, pres, rep = batch.penalties.unbind(-1)
@@ -280,6 +283,7 @@ def sample(logits, batch, rows, counts, generator):
         tokens = greedy
     else:
         probs = (logits / batch.temperatures).softmax(-1)
+        race = torch.empty_like(probs).exponential_(generator=generator)
         if batch.need_top_p or batch.need_top_k or batch.need_min_p:
             sorted_probs, order = probs.sort(-1, descending=True)
             keep = torch.ones_like(sorted_probs, dtype=torch.bool)
@@ -289,13 +293,12 @@ def sample(logits, batch, rows, counts, generator):
                 keep &= (sorted_probs.cumsum(-1) - sorted_probs) < batch.top_ps[:, None]
             if batch.need_min_p:
                 keep &= sorted_probs >= batch.min_ps[:, None] * sorted_probs[:, :1]
-            sorted_probs = sorted_probs * keep
-            picked = torch.multinomial(sorted_probs / sorted_probs.sum(-1, keepdim=True), 1, generator=generator)
-            sampled = order.gather(-1, picked).squeeze(-1)
+            sampled = order.gather(-1, (sorted_probs * keep / race).argmax(-1, keepdim=True)).squeeze(-1)
         else:
-            sampled = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            sampled = (probs / race).argmax(-1)
         tokens = torch.where(batch.top_ks == 1, greedy, sampled)
-    counts.index_put_((rows, tokens), torch.ones_like(tokens, dtype=counts.dtype), accumulate=True)
+    flat = rows * counts.shape[1] + tokens
+    counts.view(-1).scatter_add_(0, flat, torch.ones_like(flat, dtype=counts.dtype))
     return tokens
 
 
