@@ -283,7 +283,7 @@ def sample(logits, batch, rows, counts, generator):
         tokens = greedy
     else:
         probs = (logits / batch.temperatures).softmax(-1)
-        race = torch.empty_like(probs).exponential_(generator=generator)
+        race = torch.empty_like(probs).exponential_(generator=generator).clamp_(min=1e-20)
         if batch.need_top_p or batch.need_top_k or batch.need_min_p:
             sorted_probs, order = probs.sort(-1, descending=True)
             keep = torch.ones_like(sorted_probs, dtype=torch.bool)
