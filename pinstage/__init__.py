@@ -15,11 +15,16 @@ import torch  # loads libtorch before the extension that links against it
 
 try:
     from . import _C
-except ImportError as exc:  # a source checkout whose extension was not built
+except ImportError as exc:
+    import glob
+    import os
+
+    _built = glob.glob(os.path.join(os.path.dirname(__file__), "_C*.so"))
+    _why = "does not load (%s)" % exc if _built else "is not built"  # else Python calls it a circular import
     raise ImportError(
-        "pinstage's compiled extension (pinstage._C) is not built or does not load (%s). Build it with "
-        "`pip install --no-build-isolation .` (or `python setup.py build_ext --inplace` in a checkout)." % exc
-    ) from exc
+        "pinstage's compiled extension (pinstage._C) %s. Build it with `pip install --no-build-isolation .` "
+        "(or `python setup.py build_ext --inplace` in a checkout)." % _why
+    ) from None
 
 from . import _fallback, testing
 from ._version import __version__
