@@ -14,10 +14,10 @@ elif python3 -c "import torch" 2>/dev/null; then
   PY="$(command -v python3)"
 else
   say "no torch found: creating .venv and installing torch 2.14.1 (a CUDA build: about 5.5 GB on disk;"
-  say "about a minute from a warm pip cache, longer when it must download) with numpy, ninja, pytest, hypothesis, matplotlib"
+  say "about a minute from a warm pip cache, longer when it must download) with numpy, ninja, pytest, pytest-xdist, hypothesis, matplotlib"
   python3 -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip >&2 || true
-  .venv/bin/python -m pip install -q "torch==2.14.1" numpy ninja pytest hypothesis matplotlib setuptools wheel >&2
+  .venv/bin/python -m pip install -q "torch==2.14.1" numpy ninja pytest pytest-xdist hypothesis matplotlib setuptools wheel >&2
   PY="$ROOT/.venv/bin/python"
 fi
 
