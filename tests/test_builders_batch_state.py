@@ -185,6 +185,15 @@ def test_add_revalidates_params_changed_after_construction():
         BatchState().add(Request([1], sampling_params=params))
 
 
+def test_top_k_minus_one_set_after_construction_is_refused_by_both_shapes():
+    params = SamplingParams()
+    params.top_k = -1  # the constructor stores -1 as TOP_K_ALL; afterwards it is just out of range
+    with pytest.raises(ValueError, match=r"BatchState.add: SamplingParams: top_k must be >= 1"):
+        BatchState().add(Request([1], sampling_params=params))
+    with pytest.raises(ValueError, match=r"request 0: top_k must be >= 1"):
+        build_sampling_batch([params], device="cpu")
+
+
 def test_filter_and_append_tokens_check_their_arguments():
     state = BatchState()
     for i in range(3):
@@ -193,6 +202,8 @@ def test_filter_and_append_tokens_check_their_arguments():
         state.filter([0, 3])
     with pytest.raises(ValueError, match="more than once"):
         state.filter([1, 1])
+    with pytest.raises(IndexError, match=r"BatchState.remove: slot -1 is outside the batch of 3"):
+        state.remove([-1])  # numpy would read -1 as the last slot
     with pytest.raises(ValueError, match="expected 3 tokens"):
         state.append_tokens(np.zeros(2, dtype=np.int64))
     with pytest.raises(TypeError, match="must be integers"):

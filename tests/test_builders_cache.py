@@ -101,6 +101,7 @@ BAD_INPUTS = [
     ("seq_lens", MAX_CONTEXT_LEN + 1, ValueError, r"request 2: seq_lens \(49\) > req_to_token's max_context_len"),
     ("extend_lens", 99, ValueError, r"request 2: extend_lens \(99\) != seq_lens - prefix_lens"),
     ("extend_lens", "3", TypeError, r"request 2: extend_lens must be an int"),
+    ("prefix_lens", 5.0, TypeError, r"request 2: prefix_lens must be an int, got float"),  # not truncated
     ("prefix_tensors", [1, 2, 3], TypeError, r"request 2: prefix_tensors entry must be a tensor"),
     ("prefix_tensors", torch.zeros(30, dtype=torch.int32), TypeError, r"request 2: prefix_tensors entry must be torch.int64, got torch.int32"),
     ("prefix_tensors", torch.zeros(30, dtype=torch.int64, device="meta"), ValueError,

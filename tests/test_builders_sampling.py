@@ -88,6 +88,23 @@ def test_invalid_parameter_names_request_and_field(field, bad, error, position):
         build_sampling_batch(params, device="cpu")
 
 
+def test_values_that_params_accept_are_accepted_per_batch():
+    """Whatever SamplingParams accepts (subclasses of int and float: numpy float64, IntEnum), the
+    batch check accepts too, with the values torch.tensor gives."""
+    import enum
+
+    import numpy as np
+
+    class TopK(enum.IntEnum):
+        FIVE = 5
+
+    params = [SamplingParams(top_p=np.float64(0.9), top_k=TopK.FIVE, min_p=np.float64(0.1)), SamplingParams()]
+    batch = build_sampling_batch(params, device="cpu")
+    assert_same_tensor(batch.top_ps, torch.tensor([0.9, 1.0], dtype=torch.float32))
+    assert_same_tensor(batch.top_ks, torch.tensor([5, TOP_K_ALL], dtype=torch.int32))
+    assert batch.need_top_p and batch.need_top_k and batch.need_min_p
+
+
 @pytest.mark.cuda
 def test_sampling_builder_does_not_wait_for_a_busy_stream(rng):
     params = random_params(rng, 256)

@@ -1,8 +1,26 @@
 """Validation for the builders: cheap whole-batch checks, with a walk over the requests only on
 failure, to name the request and the field."""
+import numpy as np
 import torch
 
+import pinstage
+
 from ._backend import stage
+
+
+def is_int(value):
+    """A Python int that is not a bool (what an integer request field must hold)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_real(value):
+    """A Python int or float that is not a bool (what a real-valued request field must hold)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_integer_entry(value):
+    """An entry of a per-request integer column: a Python or numpy integer, not a bool."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 def checked_bounds(values, field, is_valid, expected, integer=False):
@@ -18,10 +36,8 @@ def checked_bounds(values, field, is_valid, expected, integer=False):
         distinct = set(values)
         lo, hi = min(distinct), max(distinct)
         total = sum(distinct)
-        ok = total == total and is_valid(lo) and is_valid(hi)
-        if ok:
-            kinds = {type(v) for v in distinct}
-            ok = kinds <= ({int} if integer else {int, float})
+        kind_ok = is_int if integer else is_real
+        ok = total == total and is_valid(lo) and is_valid(hi) and all(kind_ok(v) for v in distinct)
     except TypeError:
         ok = False
     if not ok:
@@ -30,9 +46,9 @@ def checked_bounds(values, field, is_valid, expected, integer=False):
 
 
 def _raise_first_invalid(values, field, is_valid, expected, integer):
-    kinds = (int,) if integer else (int, float)
+    kind_ok = is_int if integer else is_real
     for i, value in enumerate(values):
-        if not isinstance(value, kinds) or isinstance(value, bool):
+        if not kind_ok(value):
             kind = "an int" if integer else "a real number"
             raise TypeError(f"request {i}: {field} must be {kind}, got {type(value).__name__} {value!r}")
         if not is_valid(value):
@@ -45,6 +61,8 @@ def stage_fields(fields, backend, stream, device):
     value cannot be converted, re-raises the error naming the request and the field."""
     try:
         return stage([(values, dtype) for _, values, dtype in fields], backend, stream, device)
+    except pinstage.RingFullError:
+        raise  # no value is at fault
     except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
         for name, values, dtype in fields:
             for i, value in enumerate(values):

@@ -80,8 +80,6 @@ class BatchState:
             params.validate()
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"BatchState.add: {exc}") from None
-        if params.top_k == -1:
-            raise ValueError("BatchState.add: SamplingParams.top_k is -1; set it through the constructor (TOP_K_ALL)")
         slot = self._size
         self._reserve(slot + 1)
         c = self._cols
@@ -105,11 +103,8 @@ class BatchState:
     def filter(self, keep):
         """Keep the slots listed in `keep` (distinct, in the order given: usually ascending, which
         keeps batch order) and drop the others; kept requests get slots 0..len(keep)-1."""
-        keep = np.asarray(keep, dtype=np.int64).reshape(-1)
+        keep = self._checked_slots(keep, "filter")
         n = self._size
-        if keep.size and (keep.min() < 0 or keep.max() >= n):
-            bad = int(keep[(keep < 0) | (keep >= n)][0])
-            raise IndexError(f"BatchState.filter: slot {bad} is outside the batch of {n}")
         kept = np.zeros(n, dtype=bool)
         kept[keep] = True
         if int(kept.sum()) != keep.size:
@@ -123,8 +118,16 @@ class BatchState:
     def remove(self, slots):
         """Drop the given slots, keeping the others in batch order."""
         dropped = np.zeros(self._size, dtype=bool)
-        dropped[np.asarray(slots, dtype=np.int64).reshape(-1)] = True
+        dropped[self._checked_slots(slots, "remove")] = True
         self.filter(np.flatnonzero(~dropped))
+
+    def _checked_slots(self, slots, method):
+        slots = np.asarray(slots, dtype=np.int64).reshape(-1)
+        n = self._size
+        if slots.size and (slots.min() < 0 or slots.max() >= n):
+            bad = int(slots[(slots < 0) | (slots >= n)][0])
+            raise IndexError(f"BatchState.{method}: slot {bad} is outside the batch of {n}")
+        return slots
 
     def merge(self, other):
         """Append every request of `other` after this state's, in its order."""
@@ -154,23 +157,23 @@ class BatchState:
 
     @property
     def is_all_greedy(self):
-        return self._counts[0] == self._size
+        return bool(self._counts[0] == self._size)
 
     @property
     def need_top_p(self):
-        return self._counts[1] > 0
+        return bool(self._counts[1] > 0)
 
     @property
     def need_top_k(self):
-        return self._counts[2] > 0
+        return bool(self._counts[2] > 0)
 
     @property
     def need_min_p(self):
-        return self._counts[3] > 0
+        return bool(self._counts[3] > 0)
 
     @property
     def need_penalties(self):
-        return self._counts[4] > 0
+        return bool(self._counts[4] > 0)
 
     # ----------------------------------------------------------------------------- per step
 
@@ -191,7 +194,7 @@ class BatchState:
         """SamplingBatch (as build_sampling_batch gives it) in one copy."""
         n, c = self._size, self._cols
         items = [
-            (c["temperatures"][:n].reshape(n, 1), torch.float32),
+            (c["temperatures"][:n], torch.float32),
             (c["top_ps"][:n], torch.float32),
             (c["top_ks"][:n], torch.int32),
             (c["min_ps"][:n], torch.float32),
@@ -202,17 +205,9 @@ class BatchState:
         if need_penalties:
             items.append((c["penalties"][:n], torch.float32))
         tensors = pinstage.stage_many(items, stream, device=device)
-        return SamplingBatch(
-            temperatures=tensors[0],
-            top_ps=tensors[1],
-            top_ks=tensors[2],
-            min_ps=tensors[3],
-            seeds=tensors[4] if enable_deterministic_sampling else None,
-            penalties=tensors[-1] if need_penalties else None,
-            is_all_greedy=bool(self.is_all_greedy),
-            need_top_p=bool(self.need_top_p),
-            need_top_k=bool(self.need_top_k),
-            need_min_p=bool(self.need_min_p),
+        flags = (self.is_all_greedy, self.need_top_p, self.need_top_k, self.need_min_p)
+        return SamplingBatch.from_staged(
+            tensors, with_seeds=enable_deterministic_sampling, with_penalties=need_penalties, flags=flags
         )
 
     # ----------------------------------------------------------------------------- storage

@@ -3,6 +3,7 @@ write_cache_indices does before a prefill: the cached prefix's slots at [0, pref
 allocated slots (its slice of out_cache_loc) at [prefix_len, seq_len)."""
 import contextlib
 
+import numpy as np
 import torch
 
 import pinstage
@@ -60,25 +61,23 @@ def write_cache_indices(
 
 
 def _int64_columns(*columns):
-    """The per-request ints as CPU int64 tensors (converted by pinstage's own CPU path); a value that
-    is not an int raises TypeError naming the request and the field."""
-    lengths = {len(c) for c in columns}
-    if len(lengths) > 1:
-        n = len(columns[0])
-        for name, column in zip(_FIELDS[1:], columns[1:]):
-            if len(column) != n:
-                raise ValueError(f"write_cache_indices: {name} has {len(column)} entries but req_pool_indices has {n}")
+    """The per-request ints as CPU int64 tensors: integer numpy arrays as they are, other columns
+    converted by pinstage's CPU path. A float, str or bool is refused (TypeError naming the request
+    and the field), not truncated; lengths and ranges are checked by _C.cache_index_plan."""
     out = []
     for name, column in zip(_FIELDS, columns):
-        try:
-            out.append(pinstage.stage_to_device(column, torch.int64, device="cpu"))
-        except (TypeError, ValueError, OverflowError, RuntimeError):
-            for i, value in enumerate(column):
-                if not isinstance(value, int) or isinstance(value, bool):
-                    raise TypeError(
-                        f"write_cache_indices: request {i}: {name} must be an int, got {type(value).__name__}"
-                    ) from None
-            raise
-        if out[-1].dim() != 1:
+        values = np.asarray(column)
+        if values.ndim != 1:
             raise ValueError(f"write_cache_indices: {name} must be one int per request")
+        if values.dtype.kind in "iu":
+            if values.dtype.kind == "u" and values.size and values.max() >= 2**63:
+                raise OverflowError(f"write_cache_indices: {name} has a value beyond int64")
+            out.append(torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64)))
+            continue
+        for i, value in enumerate(column):
+            if isinstance(value, (bool, np.bool_)) or not hasattr(type(value), "__index__"):
+                raise TypeError(
+                    f"write_cache_indices: request {i}: {name} must be an int, got {type(value).__name__}"
+                )
+        out.append(pinstage.stage_to_device(column, torch.int64, device="cpu"))
     return out

@@ -19,6 +19,7 @@ import torch
 
 from .. import _C
 from ._backend import stage
+from ._checks import is_integer_entry
 
 
 @dataclass
@@ -56,7 +57,7 @@ def logprob_index_tensors(extend_seq_lens, extend_logprob_start_lens):
 
 def _raise_first_invalid(lens, starts):
     for i, (n, s) in enumerate(zip(lens, starts)):
-        if not _is_int(n) or not _is_int(s):
+        if not is_integer_entry(n) or not is_integer_entry(s):
             raise TypeError(
                 f"request {i}: extend_seq_lens and extend_logprob_start_lens must be ints, "
                 f"got {type(n).__name__} and {type(s).__name__}"
@@ -66,10 +67,6 @@ def _raise_first_invalid(lens, starts):
         if not 0 <= s <= n:
             raise ValueError(f"request {i}: extend_logprob_start_lens must be in [0, extend_seq_lens={n}], got {s}")
     raise TypeError("extend_seq_lens and extend_logprob_start_lens must be sequences of ints")
-
-
-def _is_int(value):
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 def build_logprob_indices(extend_seq_lens, extend_logprob_start_lens, *, backend="pinstage", stream=None, device=None):

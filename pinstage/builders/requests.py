@@ -2,6 +2,8 @@
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from ._checks import is_int, is_real
+
 # top_k of every token. Requests ask for it with -1, which SamplingParams stores as this value so
 # that the per-step builder compares ints instead of rewriting the list every step (SGLang's value).
 TOP_K_ALL = 1 << 30
@@ -10,20 +12,18 @@ TOP_K_ALL = 1 << 30
 _GREEDY_TEMPERATURE = 1e-6
 
 
-def _is_real(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check(name, value, ok_type, ok_value, expected):
-    if not ok_type(value):
-        kind = "an int" if ok_type is _is_int else "a real number"
-        raise TypeError(f"SamplingParams: {name} must be {kind}, got {type(value).__name__} {value!r}")
-    if not ok_value(value):
-        raise ValueError(f"SamplingParams: {name} must be {expected}, got {value!r}")
+# field -> (integer, is_valid, expected). SamplingParams checks them at construction, and the
+# builders again per batch, as a field may be changed afterwards.
+SAMPLING_RULES = {
+    "temperature": (False, lambda v: v >= 0, ">= 0"),
+    "top_p": (False, lambda v: 0 < v <= 1, "in (0, 1]"),
+    "top_k": (True, lambda v: v >= 1, f">= 1 (TOP_K_ALL = {TOP_K_ALL} for all tokens; -1 at construction)"),
+    "min_p": (False, lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "sampling_seed": (True, lambda v: -(2**63) <= v < 2**63, "an int64 or None"),
+    "frequency_penalty": (False, lambda v: -2 <= v <= 2, "in [-2, 2]"),
+    "presence_penalty": (False, lambda v: -2 <= v <= 2, "in [-2, 2]"),
+    "repetition_penalty": (False, lambda v: 0 < v <= 2, "in (0, 2]"),
+}
 
 
 @dataclass
@@ -46,9 +46,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0
 
     def __post_init__(self):
-        self.validate()
-        if self.top_k == -1:
+        if is_int(self.top_k) and self.top_k == -1:
             self.top_k = TOP_K_ALL
+        self.validate()
         # A near-zero temperature is greedy decoding; expressing it as top_k=1 at temperature 1 keeps
         # the sampler from dividing by ~0 and lets the batch take the all-greedy fast path.
         if self.temperature < _GREEDY_TEMPERATURE:
@@ -57,15 +57,15 @@ class SamplingParams:
 
     def validate(self):
         """Raise TypeError / ValueError naming the first field that is not valid."""
-        _check("temperature", self.temperature, _is_real, lambda v: v >= 0, ">= 0")
-        _check("top_p", self.top_p, _is_real, lambda v: 0 < v <= 1, "in (0, 1]")
-        _check("top_k", self.top_k, _is_int, lambda v: v >= 1 or v == -1, ">= 1, or -1 for all tokens")
-        _check("min_p", self.min_p, _is_real, lambda v: 0 <= v <= 1, "in [0, 1]")
-        if self.sampling_seed is not None:
-            _check("sampling_seed", self.sampling_seed, _is_int, lambda v: -(2**63) <= v < 2**63, "an int64 or None")
-        _check("frequency_penalty", self.frequency_penalty, _is_real, lambda v: -2 <= v <= 2, "in [-2, 2]")
-        _check("presence_penalty", self.presence_penalty, _is_real, lambda v: -2 <= v <= 2, "in [-2, 2]")
-        _check("repetition_penalty", self.repetition_penalty, _is_real, lambda v: 0 < v <= 2, "in (0, 2]")
+        for name, (integer, is_valid, expected) in SAMPLING_RULES.items():
+            value = getattr(self, name)
+            if value is None and name == "sampling_seed":
+                continue
+            if not (is_int if integer else is_real)(value):
+                kind = "an int" if integer else "a real number"
+                raise TypeError(f"SamplingParams: {name} must be {kind}, got {type(value).__name__} {value!r}")
+            if not is_valid(value):
+                raise ValueError(f"SamplingParams: {name} must be {expected}, got {value!r}")
 
     @property
     def penalties(self):

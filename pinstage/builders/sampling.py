@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 
 from ._checks import checked_bounds, stage_fields
-from .requests import NO_PENALTIES, TOP_K_ALL
+from .requests import NO_PENALTIES, SAMPLING_RULES, TOP_K_ALL
 
 # The seed a request without one gets when deterministic sampling is on (SGLang's default).
 DEFAULT_SAMPLING_SEED = 42
@@ -25,6 +25,23 @@ class SamplingBatch:
     need_top_k: bool  # some top_k != TOP_K_ALL
     need_min_p: bool  # some min_p > 0
 
+    @classmethod
+    def from_staged(cls, tensors, *, with_seeds, with_penalties, flags):
+        """tensors as staged in this order: temperatures, top_ps, top_ks, min_ps, then seeds and
+        penalties when present; flags: (is_all_greedy, need_top_p, need_top_k, need_min_p)."""
+        return cls(
+            temperatures=tensors[0].view(-1, 1),
+            top_ps=tensors[1],
+            top_ks=tensors[2],
+            min_ps=tensors[3],
+            seeds=tensors[4] if with_seeds else None,
+            penalties=tensors[-1].view(-1, 3) if with_penalties else None,
+            is_all_greedy=bool(flags[0]),
+            need_top_p=bool(flags[1]),
+            need_top_k=bool(flags[2]),
+            need_min_p=bool(flags[3]),
+        )
+
 
 def build_sampling_batch(params, *, enable_deterministic_sampling=False, backend="pinstage", stream=None, device=None):
     """params: one SamplingParams per request, in batch order -> SamplingBatch, every tensor staged
@@ -41,16 +58,16 @@ def build_sampling_batch(params, *, enable_deterministic_sampling=False, backend
     min_ps = [p.min_p for p in params]
     penalties = [p.penalties for p in params]
     if params:
-        checked_bounds(temperatures, "temperature", lambda v: v >= 0, ">= 0")
-        top_p_min, _ = checked_bounds(top_ps, "top_p", lambda v: 0 < v <= 1, "in (0, 1]")
-        top_k_min, top_k_max = checked_bounds(
-            top_ks, "top_k", lambda v: v >= 1, f">= 1, or TOP_K_ALL ({TOP_K_ALL}) for all", integer=True
-        )
-        _, min_p_max = checked_bounds(min_ps, "min_p", lambda v: 0 <= v <= 1, "in [0, 1]")
-        distinct_penalties = set(penalties)
-        if distinct_penalties != {NO_PENALTIES}:
-            _check_penalties(penalties)
-        need_penalties = distinct_penalties != {NO_PENALTIES}
+        _checked(temperatures, "temperature")
+        top_p_min, _ = _checked(top_ps, "top_p")
+        top_k_min, top_k_max = _checked(top_ks, "top_k")
+        _, min_p_max = _checked(min_ps, "min_p")
+        need_penalties = set(penalties) != {NO_PENALTIES}
+        if need_penalties:
+            frequency, presence, repetition = zip(*penalties)
+            _checked(frequency, "frequency_penalty")
+            _checked(presence, "presence_penalty")
+            _checked(repetition, "repetition_penalty")
         flags = (top_k_max <= 1, top_p_min < 1, top_k_min != TOP_K_ALL or top_k_max != TOP_K_ALL, min_p_max > 0)
     else:
         need_penalties = False
@@ -65,27 +82,16 @@ def build_sampling_batch(params, *, enable_deterministic_sampling=False, backend
     if enable_deterministic_sampling:
         seeds = [DEFAULT_SAMPLING_SEED if p.sampling_seed is None else p.sampling_seed for p in params]
         if params:
-            checked_bounds(seeds, "sampling_seed", lambda v: -(2**63) <= v < 2**63, "an int64 or None", integer=True)
+            _checked(seeds, "sampling_seed")
         fields.append(("sampling_seed", seeds, torch.int64))
     if need_penalties:
         fields.append(("penalties", penalties, torch.float32))
     tensors = stage_fields(fields, backend, stream, device)
-    return SamplingBatch(
-        temperatures=tensors[0].view(-1, 1),
-        top_ps=tensors[1],
-        top_ks=tensors[2],
-        min_ps=tensors[3],
-        seeds=tensors[4] if enable_deterministic_sampling else None,
-        penalties=tensors[-1].view(-1, 3) if need_penalties else None,
-        is_all_greedy=flags[0],
-        need_top_p=flags[1],
-        need_top_k=flags[2],
-        need_min_p=flags[3],
+    return SamplingBatch.from_staged(
+        tensors, with_seeds=enable_deterministic_sampling, with_penalties=need_penalties, flags=flags
     )
 
 
-def _check_penalties(penalties):
-    frequency, presence, repetition = zip(*penalties)
-    checked_bounds(frequency, "frequency_penalty", lambda v: -2 <= v <= 2, "in [-2, 2]")
-    checked_bounds(presence, "presence_penalty", lambda v: -2 <= v <= 2, "in [-2, 2]")
-    checked_bounds(repetition, "repetition_penalty", lambda v: 0 < v <= 2, "in (0, 2]")
+def _checked(values, name):
+    integer, is_valid, expected = SAMPLING_RULES[name]
+    return checked_bounds(values, name, is_valid, expected, integer)
