@@ -89,14 +89,26 @@ def element():
     )
 
 
-def rectangular(depth):
-    """Nested lists/tuples of elements, rectangular (torch accepts) up to `depth` levels; ragged
-    sometimes."""
+def nested(depth):
+    """Nested lists/tuples of elements, `depth` levels deep: rectangular (torch accepts it) four
+    times in five, ragged otherwise."""
+    rectangular = st.lists(st.integers(0, 4), min_size=depth, max_size=depth).flatmap(_filled)
+    return st.one_of(rectangular, rectangular, rectangular, rectangular, _ragged(depth))
+
+
+def _filled(shape):
+    if not shape:
+        return element()
+    return st.tuples(st.lists(_filled(shape[1:]), min_size=shape[0], max_size=shape[0]), st.booleans()).map(
+        lambda t: tuple(t[0]) if t[1] else list(t[0]))
+
+
+def _ragged(depth):
+    """Each list draws its own length, so siblings mostly differ."""
     if depth == 0:
         return element()
-    return st.integers(0, 4).flatmap(
-        lambda n: st.tuples(st.lists(rectangular(depth - 1), min_size=n, max_size=n), st.booleans(), st.booleans())
-    ).map(lambda t: tuple(t[0]) if t[1] else list(t[0]))
+    return st.tuples(st.lists(_ragged(depth - 1), max_size=4), st.booleans()).map(
+        lambda t: tuple(t[0]) if t[1] else list(t[0]))
 
 
 def numpy_array():
@@ -117,7 +129,7 @@ def _make_array(spec):
 
 data_strategy = st.one_of(
     element(),
-    rectangular(1), rectangular(2), rectangular(3),
+    nested(1), nested(2), nested(3),
     numpy_array(),
     st.lists(st.integers(-(2**63), 2**63 - 1), max_size=50),
     st.lists(st.floats(allow_nan=True), max_size=50),
@@ -129,8 +141,10 @@ dtype_strategy = st.sampled_from(DTYPES)
 def _rectangular_numel(data):
     """The element count of a rectangular structure of lists/tuples (a non-list is one element),
     None when it is ragged."""
+    if isinstance(data, (np.ndarray, range)):
+        return len(data) if isinstance(data, range) else int(np.size(data))
     if not isinstance(data, (list, tuple)):
-        return int(np.size(data)) if isinstance(data, np.ndarray) else 1
+        return 1
     shape, level = [], data
     while isinstance(level, (list, tuple)):
         shape.append(len(level))
