@@ -30,7 +30,7 @@ import dataclasses
 import os
 import sys
 import time
-from typing import Dict, List
+from typing import Dict, List, NamedTuple
 
 import numpy as np
 import torch
@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import _report  # noqa: E402
 import pinstage  # noqa: E402
 from pinstage.builders import (  # noqa: E402
-    BatchState, Request, SamplingParams, TOP_K_ALL, build_decode_inputs, build_logprob_indices, build_sampling_batch,
+    BatchState, Request, SamplingParams, build_decode_inputs, build_logprob_indices, build_sampling_batch,
     write_cache_indices,
 )
 
@@ -132,6 +132,13 @@ class TinyDecoder:
         slots = (self.rows + 2) * cfg.max_ctx
         self.k_cache = [torch.zeros((slots, h, d // h), dtype=dt, device=device) for _ in self.layers]
         self.v_cache = [torch.zeros((slots, h, d // h), dtype=dt, device=device) for _ in self.layers]
+
+    def reset(self):
+        """Empty req_to_token and the KV cache (in place: the decode graphs hold these tensors), so
+        that a run reads only what its own cache builder wrote."""
+        self.req_to_token.zero_()
+        for cache in self.k_cache + self.v_cache:
+            cache.zero_()
 
     def _attend(self, q, layer, rows, positions):
         """q [n, h, dh] of tokens at `positions` of requests in req_to_token `rows`: attention over
@@ -318,6 +325,37 @@ class Running:
         return len(self.request.origin_input_ids) + self.generated
 
 
+class PrefillInputs(NamedTuple):
+    ids: torch.Tensor
+    rows: torch.Tensor
+    positions: torch.Tensor
+    out_cache_loc: torch.Tensor
+    req_rows: torch.Tensor
+    indices: object
+    batch: object
+    cache_rows: tuple = None  # (rows, prefix slot tensors, extend_lens, out_cache_loc): write_cache_indices's input
+    cache_write: tuple = None  # the ideal's ((row, column) device indices, values) for those writes
+
+
+def for_the_ideal(recorded):
+    """A run's recorded inputs with each prefill's cache write turned into device index tensors
+    (made before the ideal's timed run), so that the ideal does that write without host work."""
+    out = []
+    for item in recorded:
+        if isinstance(item, PrefillInputs):
+            rows, prefixes, extend_lens, loc = item.cache_rows
+            values, row_ids, cols, offset = [], [], [], 0
+            for row, prefix, n in zip(rows, prefixes, extend_lens):
+                values += [prefix, loc[offset : offset + n]]
+                row_ids += [row] * (len(prefix) + n)
+                cols += range(len(prefix) + n)
+                offset += n
+            index = (torch.tensor(row_ids, device=loc.device), torch.tensor(cols, device=loc.device))
+            item = item._replace(cache_rows=None, cache_write=(index, torch.cat(values).to(torch.int32)))
+        out.append(item)
+    return out
+
+
 class Loop:
     """One backend's run over the workload. Each step's host preparation is timed; with `record`
     the device inputs are kept, and with `replay` they are used instead of preparing any (the ideal)."""
@@ -340,6 +378,7 @@ class Loop:
         self.record, self.replay = record, replay
         self.filling = True  # until the batch first reaches its size, requests are admitted every step
         self.step_index = 0
+        model.reset()
         self.prefix_slots = self._make_prefix()
 
     def prepared(self, build):
@@ -403,15 +442,17 @@ class Loop:
         else:
             indices = build_logprob_indices(extend_lens, starts, backend=b, device=self.dev)
         batch = build_sampling_batch([r.spec.params for r in new], backend=b, device=self.dev)
-        write_cache_indices(m.req_to_token, rows, [self.prefix_slots[: r.prefix_len] for r in new], prefix_lens,
-                            seq_lens, extend_lens, loc_d, backend=b)
-        return ids, rows_d, pos_d, loc_d, req_rows, indices, batch
+        prefixes = [self.prefix_slots[: r.prefix_len] for r in new]
+        write_cache_indices(m.req_to_token, rows, prefixes, prefix_lens, seq_lens, extend_lens, loc_d, backend=b)
+        return PrefillInputs(ids, rows_d, pos_d, loc_d, req_rows, indices, batch, cache_rows=(rows, prefixes, extend_lens, loc_d))
 
     def prefill(self, staged):
         """Extends the new requests' prompts after their cached prefix and samples each one's first
         token (with the input logprobs some of them asked for). Returns the first tokens (device)."""
-        ids, rows_d, pos_d, loc_d, req_rows, indices, batch = staged
+        ids, rows_d, pos_d, loc_d, req_rows, indices, batch = staged[:7]
         m = self.model
+        if staged.cache_write is not None:  # the ideal: write_cache_indices's writes, from device tensors
+            m.req_to_token.index_put_(*staged.cache_write)
         kept = m.logits(m.forward(ids, rows_d, pos_d, loc_d)[indices.pruned_row_indices])
         kept[indices.input_logprob_indices].log_softmax(-1)  # the input logprobs an engine would return
         return sample(kept[indices.sample_indices], batch, req_rows, self.counts, self.generator)
@@ -606,15 +647,20 @@ def run_config(cfg, dev, cycles_per_us):
         if reference is None:
             reference = tokens
         else:
-            bad = sorted(rid for rid in set(reference) | set(tokens) if reference.get(rid) != tokens.get(rid))
-            assert not bad, "%s generated other tokens than %s for %d request(s), e.g. request %d: %s vs %s" % (
-                backend, BACKENDS[0], len(bad), bad[0], tokens.get(bad[0]), reference.get(bad[0]))
+            _assert_same_tokens(backend, tokens, reference)
         results[backend] = metrics
         _progress(cfg, backend, metrics)
     # The list run's device inputs are separate tensors: keeping them for the replay costs it nothing.
-    _, results["ideal"] = run_backend("ideal", cfg, model, graphs, specs, replay=recorded)
+    tokens, results["ideal"] = run_backend("ideal", cfg, model, graphs, specs, replay=for_the_ideal(recorded))
+    _assert_same_tokens("ideal", tokens, reference)
     _progress(cfg, "ideal", results["ideal"])
     return results
+
+
+def _assert_same_tokens(backend, tokens, reference):
+    bad = sorted(rid for rid in set(reference) | set(tokens) if reference.get(rid) != tokens.get(rid))
+    assert not bad, "%s generated other tokens than %s for %d request(s), e.g. request %d: %s vs %s" % (
+        backend, BACKENDS[0], len(bad), bad[0], tokens.get(bad[0]), reference.get(bad[0]))
 
 
 def _progress(cfg, backend, m):
@@ -666,28 +712,12 @@ def print_table(rows):
 
 
 def plot(path, rows, meta):
-    plt = _report._pyplot()
-    if plt is None:
-        return
-    forwards = sorted({r["forward_ms"] for r in rows})
-    fig, axes = plt.subplots(1, len(forwards), figsize=(4.5 * len(forwards), 3.8), squeeze=False)
-    for ax, ms in zip(axes[0], forwards):
-        mine = sorted((r for r in rows if r["forward_ms"] == ms), key=lambda r: r["batch_size"])
-        for name in BACKENDS + ["ideal"]:
-            ax.plot([r["batch_size"] for r in mine], [r["backends"][name]["tokens_per_s"] for r in mine],
-                    marker="o", linestyle="--" if name == "ideal" else "-", label=name)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_title("forward %.1f ms" % ms)
-        ax.set_xlabel("batch size")
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].set_ylabel("tokens/s")
-    axes[0][-1].legend(fontsize=7)
-    fig.suptitle("Decode loop: tokens/s (%s)" % _report._title(meta), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print("wrote %s" % path)
+    panels = [("forward %.1f ms" % ms, {name: [(r["batch_size"], r["backends"][name]["tokens_per_s"])
+                                               for r in rows if r["forward_ms"] == ms]
+                                        for name in BACKENDS + ["ideal"]})
+              for ms in sorted({r["forward_ms"] for r in rows})]
+    _report.plot_panels(path, panels, meta, xlabel="batch size", ylabel="tokens/s", title="Decode loop: tokens/s",
+                        panel_width=4.5, dashed={"ideal"})
 
 
 def main(argv=None):
