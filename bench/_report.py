@@ -93,51 +93,30 @@ def _title(meta):
     return "%s, torch %s" % (meta.get("gpu") or "CPU only (%s)" % meta.get("cpu"), meta.get("torch"))
 
 
-def plot_builders(path, rows, methods, titles, meta):
-    """Host time per call against batch size, one panel per builder, one line per method."""
+def plot_panels(path, panels, meta, *, xlabel, ylabel="host us per call", title="", panel_width=5.0, dashed=()):
+    """panels: [(panel title, {line label: [(x, y), ...]})]: one log-log panel each, a line per
+    label (dashed for the labels in `dashed`), the machine in the figure's title."""
     plt = _pyplot()
     if plt is None:
         return
-    builders = sorted({r["builder"] for r in rows})
-    fig, axes = plt.subplots(1, len(builders), figsize=(4 * len(builders), 3.6), squeeze=False)
-    for ax, builder in zip(axes[0], builders):
-        mine = sorted((r for r in rows if r["builder"] == builder), key=lambda r: r["bs"])
-        for m in methods:
-            points = [(r["bs"], r["us"][m]) for r in mine if m in r["us"]]
+    fig, axes = plt.subplots(1, len(panels), figsize=(panel_width * len(panels), 3.8), squeeze=False)
+    labels = list(dict.fromkeys(label for _, lines in panels for label in lines))
+    handles = {}  # one colour per label across panels, and every label in the legend
+    for ax, (panel_title, lines) in zip(axes[0], panels):
+        for label, points in lines.items():
             if points:
-                ax.plot(*zip(*points), marker="o", label=titles[m])
+                (handles[label],) = ax.plot(*zip(*sorted(points)), marker="o", label=label,
+                                            color="C%d" % labels.index(label),
+                                            linestyle="--" if label in dashed else "-")
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_title(builder)
-        ax.set_xlabel("batch size")
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].set_ylabel("host us per call")
-    axes[0][-1].legend(fontsize=7)
-    fig.suptitle("Builders: host time per call (%s)" % _title(meta), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print("wrote %s" % path)
-
-
-def plot_sizes(path, panels, meta, ylabel="host us per call"):
-    """panels: [(title, {method: [(size, us), ...]})]: one panel each, log-log, a line per method."""
-    plt = _pyplot()
-    if plt is None:
-        return
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
-    for ax, (title, lines) in zip(axes[0], panels):
-        for method, points in lines.items():
-            if points:
-                ax.plot(*zip(*sorted(points)), marker="o", label=method)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("values per call")
+        ax.set_title(panel_title, fontsize=9)
+        ax.set_xlabel(xlabel)
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel(ylabel)
-    axes[0][-1].legend(fontsize=7)
-    fig.suptitle(_title(meta), fontsize=9)
+    ordered = [label for label in labels if label in handles]
+    axes[0][-1].legend([handles[label] for label in ordered], ordered, fontsize=7)
+    fig.suptitle("%s (%s)" % (title, _title(meta)) if title else _title(meta), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -200,7 +200,11 @@ def main():
     if args.json:
         _report.write_json(args.json, dict(meta=meta, device=device, repeats=args.repeats, sample_ms=args.sample_ms,
                                            methods=METHOD_TITLES, results=rows, checks=found))
-        _report.plot_builders(os.path.splitext(args.json)[0] + ".png", rows, METHODS, METHOD_TITLES, meta)
+        panels = [(builder, {METHOD_TITLES[m]: [(r["bs"], r["us"][m]) for r in rows if r["builder"] == builder and m in r["us"]]
+                             for m in METHODS})
+                  for builder in sorted({r["builder"] for r in rows})]
+        _report.plot_panels(os.path.splitext(args.json)[0] + ".png", panels, meta, xlabel="batch size",
+                            title="Builders: host time per call", panel_width=4)
 
 
 if __name__ == "__main__":

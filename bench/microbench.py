@@ -513,7 +513,7 @@ def plot_gpu(path, report):
             if median(res) is not None:
                 lines.setdefault(name, []).append((cell["size"], median(res)))
     panels.append(("numpy int64 -> device, GPU idle", lines))
-    _report.plot_sizes(path, panels, report["meta"])
+    _report.plot_panels(path, panels, report["meta"], xlabel="values per call")
 
 
 # ----------------------------------------------------------------------------------------- CPU part
@@ -584,7 +584,7 @@ def plot_cpu(path, report):
         for name, res in cell["methods"].items():
             if median(res) is not None:
                 lines.setdefault(name, []).append((cell["size"], median(res)))
-    _report.plot_sizes(path, [("Python list of int64 -> CPU tensor", lines)], report["meta"])
+    _report.plot_panels(path, [("Python list of int64 -> CPU tensor", lines)], report["meta"], xlabel="values per call")
 
 
 # -------------------------------------------------------------------------------------------- main

@@ -219,10 +219,10 @@ def burst_and_trim():
     }
 
 
-def checks(report):
+def checks(report, stagings):
     r, s, b = report["race"], report["steady"], report["burst"]
     return [
-        _report.check("stagings in the race run", r["stagings"], ">= 1000000", r["stagings"] >= 1_000_000),
+        _report.check("stagings in the race run", r["stagings"], ">= %d" % stagings, r["stagings"] >= stagings),
         _report.check("corrupt values", r["corrupt_values"], "== 0", r["corrupt_values"] == 0 and not r["errors"],
                       "; ".join(r["errors"])),
         _report.check("bytes counted by stats() = bytes staged", r["bytes_staged"], "== %d" % r["bytes_expected"],
@@ -265,9 +265,11 @@ def main():
     print(report["steady"], flush=True)
     report["burst"] = burst_and_trim()
     print(report["burst"], flush=True)
-    report["checks"] = checks(report)
+    report["checks"] = checks(report, args.stagings)
     _report.print_checks(report["checks"])
     _report.write_json(args.json, report)
+    if not all(c["ok"] for c in report["checks"]):
+        sys.exit("stress: a check failed (see above)")
 
 
 if __name__ == "__main__":
