@@ -79,7 +79,9 @@ def test_cache_builder_does_not_wait_for_a_busy_stream(rng):
     expected = reference(batch)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())  # the batch's tensors were made on the default stream
-    run(batch, stream=stream)
+    run(batch, stream=stream)  # warm-up; then the table is emptied, so only the timed call can fill it
+    stream.synchronize()
+    batch["req_to_token"].fill_(SENTINEL)
     _, still_busy = run_while_stream_busy(lambda: run(batch, stream=stream), stream)
     assert still_busy, "write_cache_indices returned only after the busy stream finished"
     torch.cuda.synchronize()

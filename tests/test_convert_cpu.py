@@ -20,7 +20,6 @@ from staging_reference import (
     INT_DTYPES,
     NUMPY_OF,
     SPECIAL_FLOATS,
-    UNSIGNED_DTYPES,
     assert_error_names,
     assert_matches_reference,
     assert_same_tensor,

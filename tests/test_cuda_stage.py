@@ -28,6 +28,7 @@ from staging_reference import (  # noqa: E402
     natural_values,
     seeded_rng,
 )
+from threads import run_in_threads  # noqa: E402
 
 DTYPE_IDS = [dtype_name(d) for d in DTYPES]
 # Building numpy inputs from out-of-range doubles (inf by design) makes numpy warn.
@@ -465,30 +466,20 @@ def test_two_threads_staging_at_once(same_stream, ring):
     inputs = [_race_inputs(per_thread, seeded_rng("threads", t, same_stream, ring)) for t in range(2)]
     streams = [torch.cuda.current_stream()] * 2 if same_stream else [torch.cuda.Stream(), torch.cuda.Stream()]
     records = [[], []]
-    errors = []
     start = threading.Barrier(2)
     pinstage.stage_to_device([1], torch.int64)
     torch.cuda.synchronize()
     before = _stats()
 
     def work(t):
-        try:
-            with torch.cuda.stream(streams[t]):
-                start.wait()
-                for i, request in enumerate(inputs[t]):
-                    if i % 500 == 0:
-                        busy(20)
-                    _issue(request, records[t])
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+        with torch.cuda.stream(streams[t]):
+            start.wait()
+            for i, request in enumerate(inputs[t]):
+                if i % 500 == 0:
+                    busy(20)
+                _issue(request, records[t])
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(2)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(timeout=300)
-    assert not any(th.is_alive() for th in threads), "a staging thread hung"
-    assert not errors, "a staging thread raised: %r" % errors
+    run_in_threads(work, 2, timeout=300)
     after = _stats()
     assert after["calls"] - before["calls"] == 2 * per_thread, "calls were lost or double-counted across threads"
     check_staged(records[0] + records[1])
@@ -636,8 +627,7 @@ def test_stage_many_is_one_allocation_of_disjoint_views():
     assert after["calls"] - before["calls"] == 1, "stage_many counted as %d calls" % (after["calls"] - before["calls"])
     payload = sum(torch.tensor(d, dtype=t).nbytes for d, t in items)
     assert after["bytes_staged"] - before["bytes_staged"] >= payload
-    if "copies" in after:  # optional counter; when present it must show one copy
-        assert after["copies"] - before["copies"] == 1, "stage_many made %d copies" % (after["copies"] - before["copies"])
+    assert after["copies"] - before["copies"] == 1, "stage_many made %d copies" % (after["copies"] - before["copies"])
     check_staged([(r, d, t) for r, (d, t) in zip(results, items)])
     bases = {r.untyped_storage().data_ptr() for r in results}
     assert len(bases) == 1, "stage_many results live in %d allocations" % len(bases)
@@ -722,7 +712,6 @@ def test_stats_account_for_calls_and_bytes():
     settled = _stats()
     assert settled["in_flight_bytes"] <= 4096, "in_flight_bytes %d after synchronize" % settled["in_flight_bytes"]
     assert settled["peak_in_flight_bytes"] >= during["in_flight_bytes"]
-    assert settled["wraps"] >= before["wraps"]
     check_staged([(k, data, torch.int64) for k in kept])
 
 

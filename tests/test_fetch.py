@@ -188,7 +188,7 @@ def test_full_fetch_ring_follows_on_full(on_full, small_ring):
             break
     after = pinstage.stats()
     if on_full == "error":
-        assert raised is not None and isinstance(raised, RuntimeError)
+        assert raised is not None
     else:
         # Held handles cannot be waited away: "wait" overflows rather than wait forever.
         assert raised is None and after["fetch_overflows"] > before["fetch_overflows"]

@@ -113,7 +113,7 @@ def test_counters_track_bytes_held_including_padding_and_the_peak():
 
 def test_unknown_ticket_is_an_error():
     ring = Ring(128)
-    with pytest.raises(Exception):
+    with pytest.raises(RuntimeError, match="unknown or already released ticket"):
         ring.seal(5, 1)
 
 

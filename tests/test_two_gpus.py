@@ -1,10 +1,9 @@
 """Two GPUs: a ring per device, results on the device the stream or `device=` names, the current
 device left as it was, and no value corrupted when both devices' rings wrap at once."""
-import threading
-
 import numpy as np
 import pytest
 import torch
+from threads import run_in_threads
 
 import pinstage
 from pinstage.builders import BatchState, Request, build_decode_inputs, write_cache_indices
@@ -79,27 +78,19 @@ def test_one_thread_stages_to_both_devices_with_both_rings_wrapping():
 
 @pytest.mark.parametrize("layout", ["one_thread_per_device", "both_threads_both_devices"])
 def test_two_threads_stage_at_once(layout):
-    pairs, errors = [], []
+    pairs = []
 
     def work(thread):
-        try:
-            targets = [DEVICES[thread]] if layout == "one_thread_per_device" else DEVICES
-            streams = {d: torch.cuda.Stream(device=d) for d in targets}
-            for d, s in streams.items():
-                with torch.cuda.stream(s):
-                    busy(d)
-            for round_ in range(30):
-                for d in targets:
-                    pairs.extend(stage_batch(d, 10**7 * thread + 10**5 * d.index + 10**3 * round_, 4, streams[d]))
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+        targets = [DEVICES[thread]] if layout == "one_thread_per_device" else DEVICES
+        streams = {d: torch.cuda.Stream(device=d) for d in targets}
+        for d, s in streams.items():
+            with torch.cuda.stream(s):
+                busy(d)
+        for round_ in range(30):
+            for d in targets:
+                pairs.extend(stage_batch(d, 10**7 * thread + 10**5 * d.index + 10**3 * round_, 4, streams[d]))
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
+    run_in_threads(work, 2, timeout=120)
     check(pairs)
 
 
