@@ -1,0 +1,80 @@
+"""An engine's released Python source for tests that run its real code.
+
+Where it comes from, first match wins:
+  1. a carried copy: $PINSTAGE_ENGINE_SRC/<name>-<version>/ or <repo>/.engines/<name>-<version>/
+     (what a GPU machine without a package index gets: copy the folder along);
+  2. the cache: $PINSTAGE_ENGINE_CACHE (default ~/.cache/pinstage/engines)/<name>-<version>/;
+  3. the wheel from the package index (`pip download --no-deps`), unpacked into the cache.
+Only the wheel's .py files under the given prefixes are unpacked. If none works, the caller's tests
+skip with the reason: they never pass without the engine's code.
+"""
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+CACHE = pathlib.Path(os.environ.get("PINSTAGE_ENGINE_CACHE", pathlib.Path.home() / ".cache" / "pinstage" / "engines"))
+_COMPLETE = ".complete"  # written last, so that an interrupted unpack is never taken for a whole one
+
+
+def _carried(folder_name):
+    roots = [pathlib.Path(os.environ["PINSTAGE_ENGINE_SRC"])] if os.environ.get("PINSTAGE_ENGINE_SRC") else []
+    roots.append(REPO / ".engines")
+    for root in roots:
+        if (root / folder_name / _COMPLETE).exists():
+            return root / folder_name
+    return None
+
+
+def _unpack(wheel, dest, prefixes):
+    tmp = pathlib.Path(tempfile.mkdtemp(dir=dest.parent, prefix=dest.name + ".partial-"))
+    with zipfile.ZipFile(wheel) as zf:
+        for member in zf.namelist():
+            if member.endswith(".py") and member.startswith(tuple(prefixes)):
+                zf.extract(member, tmp)
+        dist_info = [m for m in zf.namelist() if m.endswith(".dist-info/METADATA")]
+        for member in dist_info:  # importlib.metadata.version() reads it
+            zf.extract(member, tmp)
+    (tmp / _COMPLETE).write_text(wheel.name + "\n")
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+
+
+def _download(name, version, dest, prefixes):
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent) as wheel_dir:
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+               "-d", wheel_dir, "%s==%s" % (name, version)]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return "pip download %s==%s did not finish: %s" % (name, version, exc)
+        wheels = list(pathlib.Path(wheel_dir).glob("*.whl"))
+        if done.returncode != 0 or not wheels:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            return "pip download %s==%s failed (no package index reachable?): %s" % (name, version, last)
+        _unpack(wheels[0], dest, prefixes)
+    return None
+
+
+def engine_root(name, version, prefixes):
+    """The folder holding `name`'s source at `version` (put it on sys.path), or pytest.skip with why.
+
+    prefixes: wheel paths to unpack, e.g. ["sglang/srt/"]; a carried copy must hold at least these."""
+    folder = "%s-%s" % (name, version)
+    carried = _carried(folder)
+    if carried is not None:
+        return carried
+    cached = CACHE / folder
+    if not (cached / _COMPLETE).exists():
+        why = _download(name, version, cached, prefixes)
+        if why is not None:
+            pytest.skip("%s %s's source is not here: no carried copy (.engines/%s or $PINSTAGE_ENGINE_SRC), "
+                        "no cache (%s), and %s" % (name, version, folder, cached, why))
+    return cached
