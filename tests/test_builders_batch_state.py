@@ -188,7 +188,7 @@ def test_add_revalidates_params_changed_after_construction():
 def test_top_k_minus_one_set_after_construction_is_refused_by_both_shapes():
     params = SamplingParams()
     params.top_k = -1  # the constructor stores -1 as TOP_K_ALL; afterwards it is just out of range
-    with pytest.raises(ValueError, match=r"BatchState.add: SamplingParams: top_k must be >= 1"):
+    with pytest.raises(ValueError, match=r"BatchState.add: sampling_params: top_k must be >= 1"):
         BatchState().add(Request([1], sampling_params=params))
     with pytest.raises(ValueError, match=r"request 0: top_k must be >= 1"):
         build_sampling_batch([params], device="cpu")

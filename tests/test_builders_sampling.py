@@ -38,7 +38,7 @@ def test_sampling_batch_equal_across_backends_and_reference(rng, device, bs, det
     assert got.need_top_p == any(p.top_p != 1.0 for p in params)
     assert got.need_top_k == any(p.top_k != TOP_K_ALL for p in params)
     assert got.need_min_p == any(p.min_p > 0 for p in params)
-    penalties = [p.penalties for p in params]
+    penalties = [(p.frequency_penalty, p.presence_penalty, p.repetition_penalty) for p in params]
     if any(row != (0.0, 0.0, 1.0) for row in penalties):
         assert_same_tensor(got.penalties.cpu(), torch.tensor(penalties, dtype=torch.float32))
     else:

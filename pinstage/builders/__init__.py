@@ -3,7 +3,8 @@
 Two shapes that give equal tensors:
 - BatchState: the batch's per-request values in persistent numpy columns, updated when requests join
   and leave and when tokens come back; each per-step builder is one stage_many of column slices.
-- Builders over a list of Request objects (SGLang's shape, drop-in): a Python gather plus one
+- Builders over a list of request objects (SGLang's shape, drop-in: SGLang's own Req and
+  SamplingParams are accepted as they are; protocols.py lists the fields each builder reads): a Python gather plus one
   stage_many. They take backend="pinstage" (default), "pinned" or "blocking", the patterns engines
   use today, so that they can be tested equal and timed side by side.
 """
@@ -12,19 +13,32 @@ from .batch_state import BatchState
 from .cache import write_cache_indices
 from .decode import DecodeInputs, build_decode_inputs, build_penalty_last_token_ids, last_token_ids
 from .logits import LogprobIndices, build_logprob_indices
+from .protocols import (
+    BatchRequest, DecodeRequest, KvRequest, PoolRow, RowRequest, SampledKvRequest, SampledRowRequest,
+    SamplingFields, TokenHistory,
+)
 from .requests import TOP_K_ALL, Request, SamplingParams
 from .sampling import DEFAULT_SAMPLING_SEED, SamplingBatch, build_sampling_batch
 
 __all__ = [
     "BACKENDS",
+    "BatchRequest",
     "BatchState",
     "DEFAULT_SAMPLING_SEED",
     "DecodeInputs",
+    "DecodeRequest",
+    "KvRequest",
     "LogprobIndices",
+    "PoolRow",
     "Request",
+    "RowRequest",
+    "SampledKvRequest",
+    "SampledRowRequest",
     "SamplingBatch",
+    "SamplingFields",
     "SamplingParams",
     "TOP_K_ALL",
+    "TokenHistory",
     "build_decode_inputs",
     "build_logprob_indices",
     "build_penalty_last_token_ids",

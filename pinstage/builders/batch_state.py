@@ -12,8 +12,9 @@ import torch
 
 import pinstage
 
+from ._fields import TOKEN_FIELDS, lacks_field, penalty_row, pool_row
 from .decode import DecodeInputs
-from .requests import NO_PENALTIES, TOP_K_ALL
+from .requests import NO_PENALTIES, TOP_K_ALL, check_sampling_fields
 from .sampling import DEFAULT_SAMPLING_SEED, SamplingBatch
 
 # name -> (numpy dtype, shape of one row)
@@ -37,8 +38,8 @@ _INT64 = (-(2**63), 2**63 - 1)
 class BatchState:
     """The requests of a running batch, one row ("slot") each, in batch order.
 
-    `add(request)` writes one request's fields (a Request: origin_input_ids, output_ids,
-    req_pool_idx, sampling_params) and returns its slot; `filter(keep)` / `remove(slots)` compact the
+    `add(request)` writes one request's fields (pinstage's Request, SGLang's Req, or any object with
+    the fields of protocols.BatchRequest) and returns its slot; `filter(keep)` / `remove(slots)` compact the
     batch; `merge(other)` appends another state's requests; `append_tokens(tokens)` records one
     sampled token per request. The per-step builders (`decode_inputs`, `penalty_last_token_ids`,
     `sampling_batch`) each stage their tensors with one `pinstage.stage_many` and give the same
@@ -67,19 +68,23 @@ class BatchState:
     # ----------------------------------------------------------------------------- membership
 
     def add(self, request):
-        """Append one request; returns its slot. Raises (naming the field) for a request without
-        tokens, a req_pool_idx that is not an int >= 0, or sampling parameters that are not valid;
-        the state is unchanged then."""
+        """Append one request; returns its slot. Reads (BatchRequest: SGLang's Req has them all)
+        origin_input_ids, output_ids, the req_to_token row at `req_pool_idx` or (SGLang 0.5.23)
+        `kv.req_pool_idx`, and sampling_params' temperature, top_p, top_k, min_p, sampling_seed and
+        three penalties. Raises (naming the field) for a request without tokens, a row that is not
+        an int >= 0, or sampling parameters that are not valid, TypeError for an object that lacks
+        a field; the state is unchanged then."""
+        missing = lacks_field("BatchState.add", request, TOKEN_FIELDS + ("sampling_params",), "a request")
+        if missing is not None:
+            raise missing
         tokens = request.output_ids or request.origin_input_ids
         if not len(tokens):
             raise ValueError("BatchState.add: origin_input_ids and output_ids are both empty, so it has no last token")
         last = _checked_int("last token id", tokens[-1], *_INT64)
-        row = _checked_int("req_pool_idx", request.req_pool_idx, 0, _INT64[1])
+        row = _checked_int("req_pool_idx", pool_row("BatchState.add", request), 0, _INT64[1])
         params = request.sampling_params
-        try:
-            params.validate()
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"BatchState.add: {exc}") from None
+        check_sampling_fields(params, "BatchState.add: sampling_params")
+        penalties = penalty_row(params)
         slot = self._size
         self._reserve(slot + 1)
         c = self._cols
@@ -91,9 +96,9 @@ class BatchState:
         c["top_ks"][slot] = params.top_k
         c["min_ps"][slot] = params.min_p
         c["seeds"][slot] = DEFAULT_SAMPLING_SEED if params.sampling_seed is None else params.sampling_seed
-        c["penalties"][slot] = params.penalties
+        c["penalties"][slot] = penalties
         flags = (params.top_k <= 1, params.top_p != 1, params.top_k != TOP_K_ALL, params.min_p > 0,
-                 params.penalties != NO_PENALTIES)
+                 penalties != NO_PENALTIES)
         c["flags"][slot] = flags
         self._counts += flags
         self.requests.append(request)

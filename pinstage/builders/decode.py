@@ -5,6 +5,9 @@ from dataclasses import dataclass
 import torch
 
 from ._checks import checked_bounds, stage_fields
+from ._fields import TOKEN_FIELDS, checked_list, missing_field, pool_rows
+
+_WHAT = "requests (with origin_input_ids and output_ids)"
 
 
 @dataclass
@@ -14,15 +17,19 @@ class DecodeInputs:
     req_pool_indices: torch.Tensor  # int64 [bs]: row of each request in req_to_token
 
 
-def last_token_ids(requests):
-    """Each request's last output token, or its last prompt token before it has any output."""
+def last_token_ids(requests, where="last_token_ids"):
+    """Each request's last output token, or its last prompt token before it has any output (reads
+    output_ids and origin_input_ids: TokenHistory)."""
+    requests = checked_list(where, requests, _WHAT)
     try:
         return [(r.output_ids or r.origin_input_ids)[-1] for r in requests]
+    except AttributeError:
+        raise missing_field(where, requests, TOKEN_FIELDS, _WHAT) from None
     except IndexError:
         for i, r in enumerate(requests):
             if not r.output_ids and not r.origin_input_ids:
                 raise ValueError(
-                    f"request {i}: origin_input_ids and output_ids are both empty, so it has no last token"
+                    f"{where}: request {i}: origin_input_ids and output_ids are both empty, so it has no last token"
                 ) from None
         raise
 
@@ -30,20 +37,23 @@ def last_token_ids(requests):
 def build_penalty_last_token_ids(requests, *, backend="pinstage", stream=None, device=None):
     """int64 [bs] of last tokens for the penalizers, for engines whose input ids are already on the
     device (overlap scheduling) and only the penalty path needs the host's copy. Reads
-    request.output_ids and request.origin_input_ids."""
-    (ids,) = stage_fields([("last token id", last_token_ids(requests), torch.int64)], backend, stream, device)
+    request.output_ids and request.origin_input_ids (TokenHistory: SGLang's Req has them)."""
+    ids_list = last_token_ids(requests, "build_penalty_last_token_ids")
+    (ids,) = stage_fields([("last token id", ids_list, torch.int64)], backend, stream, device)
     return ids
 
 
 def build_decode_inputs(requests, *, backend="pinstage", stream=None, device=None):
-    """The three per-step decode tensors, staged together (one copy with backend="pinstage"). Reads
-    request.origin_input_ids, request.output_ids and request.req_pool_idx (an int >= 0; IndexError
-    naming the request otherwise)."""
-    req_pool_indices = [r.req_pool_idx for r in requests]
+    """The three per-step decode tensors, staged together (one copy with backend="pinstage"), as
+    SGLang's prepare_for_decode makes them. Reads request.origin_input_ids, request.output_ids and
+    the request's req_to_token row, `req_pool_idx` or (SGLang 0.5.23) `kv.req_pool_idx`
+    (DecodeRequest): an int >= 0, ValueError naming the request otherwise."""
+    ids = last_token_ids(requests, "build_decode_inputs")
+    req_pool_indices = pool_rows("build_decode_inputs", requests)
     if requests:
         checked_bounds(req_pool_indices, "req_pool_idx", lambda v: v >= 0, ">= 0", integer=True)
     fields = [
-        ("last token id", last_token_ids(requests), torch.int64),
+        ("last token id", ids, torch.int64),
         ("seq_len", [len(r.origin_input_ids) + len(r.output_ids) for r in requests], torch.int64),
         ("req_pool_idx", req_pool_indices, torch.int64),
     ]

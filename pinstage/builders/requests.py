@@ -1,8 +1,9 @@
 """The plain request data the builders read: what a scheduler holds per request, no framework."""
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from ._checks import is_int, is_real
+from ._fields import SAMPLING_FIELDS, lacks_field
 
 # top_k of every token. Requests ask for it with -1, which SamplingParams stores as this value so
 # that the per-step builder compares ints instead of rewriting the list every step (SGLang's value).
@@ -12,9 +13,9 @@ TOP_K_ALL = 1 << 30
 _GREEDY_TEMPERATURE = 1e-6
 
 
-# field -> (integer, is_valid, expected). SamplingParams checks them at construction, and the
-# builders again per batch, as a field may be changed afterwards.
-SAMPLING_RULES = {
+# field -> (integer, is_valid, expected), as SGLang's SamplingParams.verify states them. SamplingParams
+# checks them at construction, and the builders again per batch, as a field may be changed afterwards.
+SAMPLING_RULES: Dict[str, Tuple[bool, Callable[[float], bool], str]] = {
     "temperature": (False, lambda v: v >= 0, ">= 0"),
     "top_p": (False, lambda v: 0 < v <= 1, "in (0, 1]"),
     "top_k": (True, lambda v: v >= 1, f">= 1 (TOP_K_ALL = {TOP_K_ALL} for all tokens; -1 at construction)"),
@@ -45,32 +46,32 @@ class SamplingParams:
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if is_int(self.top_k) and self.top_k == -1:
             self.top_k = TOP_K_ALL
-        self.validate()
+        check_sampling_fields(self, "SamplingParams")
         # A near-zero temperature is greedy decoding; expressing it as top_k=1 at temperature 1 keeps
         # the sampler from dividing by ~0 and lets the batch take the all-greedy fast path.
         if self.temperature < _GREEDY_TEMPERATURE:
             self.temperature = 1.0
             self.top_k = 1
 
-    def validate(self):
-        """Raise TypeError / ValueError naming the first field that is not valid."""
-        for name, (integer, is_valid, expected) in SAMPLING_RULES.items():
-            value = getattr(self, name)
-            if value is None and name == "sampling_seed":
-                continue
-            if not (is_int if integer else is_real)(value):
-                kind = "an int" if integer else "a real number"
-                raise TypeError(f"SamplingParams: {name} must be {kind}, got {type(value).__name__} {value!r}")
-            if not is_valid(value):
-                raise ValueError(f"SamplingParams: {name} must be {expected}, got {value!r}")
 
-    @property
-    def penalties(self):
-        """(frequency, presence, repetition): one row of SamplingBatch.penalties."""
-        return (self.frequency_penalty, self.presence_penalty, self.repetition_penalty)
+def check_sampling_fields(params: object, where: str) -> None:
+    """Raise TypeError / ValueError naming the first of SAMPLING_RULES' fields of `params` (any
+    object with them: SamplingFields) that is not valid; TypeError if it lacks one."""
+    missing = lacks_field(where, params, SAMPLING_FIELDS, "sampling parameters")
+    if missing is not None:
+        raise missing
+    for name, (integer, is_valid, expected) in SAMPLING_RULES.items():
+        value = getattr(params, name)
+        if value is None and name == "sampling_seed":
+            continue
+        if not (is_int if integer else is_real)(value):
+            kind = "an int" if integer else "a real number"
+            raise TypeError(f"{where}: {name} must be {kind}, got {type(value).__name__} {value!r}")
+        if not is_valid(value):
+            raise ValueError(f"{where}: {name} must be {expected}, got {value!r}")
 
 
 NO_PENALTIES = (0.0, 0.0, 1.0)

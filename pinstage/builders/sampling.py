@@ -6,7 +6,10 @@ from typing import Optional
 import torch
 
 from ._checks import checked_bounds, stage_fields
+from ._fields import SAMPLING_FIELDS, checked_list, missing_field, penalty_row
 from .requests import NO_PENALTIES, SAMPLING_RULES, TOP_K_ALL
+
+_WHAT = "sampling parameters (a request's .sampling_params)"
 
 # The seed a request without one gets when deterministic sampling is on (SGLang's default).
 DEFAULT_SAMPLING_SEED = 42
@@ -44,19 +47,28 @@ class SamplingBatch:
 
 
 def build_sampling_batch(params, *, enable_deterministic_sampling=False, backend="pinstage", stream=None, device=None):
-    """params: one SamplingParams per request, in batch order -> SamplingBatch, every tensor staged
+    """params: one sampling-parameters object per request, in batch order (pinstage's
+    SamplingParams, SGLang's, or any SamplingFields: reads temperature, top_p, top_k, min_p,
+    sampling_seed, frequency_penalty, presence_penalty, repetition_penalty, as SGLang's
+    SamplingBatchInfo.from_schedule_batch and penalizers do) -> SamplingBatch, every tensor staged
     together (one copy with backend="pinstage").
 
     Raises ValueError (TypeError for a value of the wrong type) naming the request and the field
-    when temperature < 0, top_p outside (0, 1], top_k not an int >= 1 (TOP_K_ALL means all), min_p
-    outside [0, 1], a penalty outside its range or sampling_seed neither an int nor None; nothing is
-    staged then.
+    when temperature < 0, top_p outside (0, 1], top_k not an int >= 1
+    (TOP_K_ALL means all), min_p outside [0, 1], a penalty outside its range or sampling_seed neither
+    an int nor None; TypeError naming what was expected when params is not a list or an entry lacks
+    a field. Nothing is staged then.
     """
-    temperatures = [p.temperature for p in params]
-    top_ps = [p.top_p for p in params]
-    top_ks = [p.top_k for p in params]
-    min_ps = [p.min_p for p in params]
-    penalties = [p.penalties for p in params]
+    params = checked_list("build_sampling_batch", params, _WHAT)
+    try:
+        temperatures = [p.temperature for p in params]
+        top_ps = [p.top_p for p in params]
+        top_ks = [p.top_k for p in params]
+        min_ps = [p.min_p for p in params]
+        penalties = [penalty_row(p) for p in params]
+        seeds = [p.sampling_seed for p in params] if enable_deterministic_sampling else []
+    except AttributeError:
+        raise missing_field("build_sampling_batch", params, SAMPLING_FIELDS, _WHAT) from None
     if params:
         _checked(temperatures, "temperature")
         top_p_min, _ = _checked(top_ps, "top_p")
@@ -80,7 +92,7 @@ def build_sampling_batch(params, *, enable_deterministic_sampling=False, backend
         ("min_p", min_ps, torch.float32),
     ]
     if enable_deterministic_sampling:
-        seeds = [DEFAULT_SAMPLING_SEED if p.sampling_seed is None else p.sampling_seed for p in params]
+        seeds = [DEFAULT_SAMPLING_SEED if seed is None else seed for seed in seeds]
         if params:
             _checked(seeds, "sampling_seed")
         fields.append(("sampling_seed", seeds, torch.int64))
