@@ -211,6 +211,61 @@ def test_filter_and_append_tokens_check_their_arguments():
     assert state.decode_inputs(device="cpu").input_ids.tolist() == [1, 2, 3]
 
 
+def three_requests():
+    state = BatchState()
+    for i in range(3):
+        state.add(Request([i + 1], req_pool_idx=i))
+    return state
+
+
+@pytest.mark.parametrize(
+    "slots, error, message",
+    [
+        ([True, False, True], TypeError, r"got bool True at index 0 \(a boolean mask is not accepted"),
+        (np.array([True, False, True]), TypeError, r"got dtype bool \(a boolean mask is not accepted"),
+        (torch.tensor([False, True, False]), TypeError, r"got dtype bool \(a boolean mask"),
+        ([0, True], TypeError, r"got bool True at index 1"),
+        ([0.0, 1.0], TypeError, r"slots must be ints, got float 0.0 at index 0"),
+        (np.array([0.0, 1.0]), TypeError, r"slots must be ints, got dtype float64"),
+        (["0", "1"], TypeError, r"slots must be ints, got str '0' at index 0"),
+        (np.array([0, 2**64 - 1], dtype=np.uint64), IndexError, r"slot 18446744073709551615 is outside the batch of 3"),
+        ([0, 2**70], IndexError, r"slot 1180591620717411303424 is outside the batch of 3"),
+        ([[0, 1]], TypeError, r"slots must be ints, got list \[0, 1\] at index 0"),
+        (np.array([[0, 1]]), ValueError, r"slots must be a 1-D list of ints, got shape \(1, 2\)"),
+    ],
+)
+@pytest.mark.parametrize("method", ["filter", "remove"])
+def test_filter_and_remove_take_integer_slots_only(method, slots, error, message):
+    """A boolean mask is refused, not read as slots 0 and 1; the state is unchanged."""
+    state = three_requests()
+    with pytest.raises(error, match=rf"BatchState.{method}: .*{message}" if error is not IndexError
+                       else rf"BatchState.{method}: {message}"):
+        getattr(state, method)(slots)
+    assert len(state) == 3 and state.decode_inputs(device="cpu").input_ids.tolist() == [1, 2, 3]
+
+
+@pytest.mark.parametrize("method", ["filter", "remove"])
+def test_empty_and_integer_slot_types_are_accepted(method):
+    for slots in ([], np.array([], dtype=np.int64), [np.int32(1)], np.array([1], dtype=np.uint8), torch.tensor([1])):
+        state = three_requests()
+        getattr(state, method)(slots)
+        expected = {"filter": [[], [2]], "remove": [[1, 2, 3], [1, 3]]}[method][len(slots)]
+        assert state.decode_inputs(device="cpu").input_ids.tolist() == expected, (method, slots)
+
+
+@pytest.mark.parametrize("token", [2**63, 2**64 - 1])
+def test_append_tokens_refuses_uint64_beyond_int64_as_add_does(token):
+    state = three_requests()
+    tokens = np.array([7, token, 9], dtype=np.uint64)
+    with pytest.raises(ValueError, match=rf"BatchState.append_tokens: token 1 = {token} is outside int64"):
+        state.append_tokens(tokens)
+    with pytest.raises(ValueError, match="last token id must be in"):
+        state.add(Request([token]))
+    assert state.decode_inputs(device="cpu").input_ids.tolist() == [1, 2, 3]
+    state.append_tokens(np.array([7, 2**63 - 1, 9], dtype=np.uint64))  # the largest int64 is stored exactly
+    assert state.decode_inputs(device="cpu").input_ids.tolist() == [7, 2**63 - 1, 9]
+
+
 @pytest.mark.cuda
 def test_batch_state_builders_do_not_wait_for_a_busy_stream(rng):
     state = BatchState()

@@ -4,6 +4,7 @@ req.kv.req_pool_idx, output_ids an array("q"), slotted classes, no .penalties an
 They must give exactly what pinstage's own Request and SamplingParams give for the same values."""
 import dataclasses
 import math
+import math
 from array import array
 from typing import List, Optional
 
@@ -152,3 +153,10 @@ def test_sampling_fields_are_not_required_to_be_pinstage_types():
     assert_same_tensor(batch.top_ks, torch.tensor([1, TOP_K_ALL], dtype=torch.int32))
     assert batch.need_top_k and not batch.is_all_greedy
 
+
+
+def test_non_finite_temperature_of_engine_params_is_refused():
+    params = EngineSamplingParams(SamplingParams())
+    params.temperature = math.inf
+    with pytest.raises(ValueError, match=r"request 0: temperature must be a finite number >= 0, got inf"):
+        build_sampling_batch([params], device="cpu")

@@ -95,15 +95,42 @@ def test_edge_starts(bs):
         (0, 0, ValueError, r"request 2: extend_seq_lens must be >= 1"),
         (4, -1, ValueError, r"request 2: extend_logprob_start_lens must be in \[0, extend_seq_lens=4\]"),
         (4, 5, ValueError, r"request 2: extend_logprob_start_lens must be in \[0, extend_seq_lens=4\]"),
-        (4, None, TypeError, r"request 2: extend_seq_lens and extend_logprob_start_lens must be ints"),
-        (2.5, 0, TypeError, r"request 2: extend_seq_lens and extend_logprob_start_lens must be ints"),
-        ("4", 0, TypeError, r"request 2: extend_seq_lens and extend_logprob_start_lens must be ints"),
+        (4, None, TypeError, r"request 2: extend_logprob_start_lens must be an int, got NoneType None"),
+        (2.5, 0, TypeError, r"request 2: extend_seq_lens must be an int, got float 2.5"),
+        ("4", 0, TypeError, r"request 2: extend_seq_lens must be an int, got str '4'"),
+        (2**64 - 1, 0, ValueError, r"request 2: extend_seq_lens must fit int64 \(at most 2\*\*63 - 1\), got 18446744073709551615"),
+        (4, 2**64 - 1, ValueError, r"request 2: extend_logprob_start_lens must be in \[0, extend_seq_lens=4\], got 18446744073709551615"),
     ],
 )
 def test_invalid_lengths_name_the_request(bs, n, start, error, message):
     lens, starts = [3] * bs, [1] * bs
     lens[2], starts[2] = n, start
     with pytest.raises(error, match=message):
+        build_logprob_indices(lens, starts, device="cpu")
+
+
+@pytest.mark.parametrize("field", ["lens", "starts"])
+def test_uint64_beyond_int64_is_named_with_its_value(field):
+    """Checked before the cast to int64, which would report 2**64 - 1 as -1."""
+    lens = np.array([3, 4, 5], dtype=np.uint64)
+    starts = np.array([0, 1, 2], dtype=np.uint64)
+    (lens if field == "lens" else starts)[1] = 2**64 - 1
+    with pytest.raises(ValueError, match=r"request 1: .* got 18446744073709551615$"):
+        build_logprob_indices(lens, starts, device="cpu")
+
+
+@pytest.mark.parametrize(
+    "lens, starts, message",
+    [
+        (5, 0, r"^extend_seq_lens must be a list of ints, one per request, got a scalar int$"),
+        ([5], np.int64(3), r"^extend_logprob_start_lens must be a list of ints, one per request, got a scalar int64$"),
+        ([[5]], [[0]], r"^extend_seq_lens must be a list of ints, one per request, got nested list$"),
+        (np.array([[5, 6]]), [0, 0], r"^extend_seq_lens must be a list of ints, one per request, got nested ndarray$"),
+        ([5], [[0], [1, 2]], r"^extend_logprob_start_lens must be a list of ints, one per request, got nested list$"),
+    ],
+)
+def test_columns_that_are_not_lists_name_the_problem(lens, starts, message):
+    with pytest.raises(TypeError, match=message):
         build_logprob_indices(lens, starts, device="cpu")
 
 

@@ -88,6 +88,28 @@ def test_invalid_parameter_names_request_and_field(field, bad, error, position):
         build_sampling_batch(params, device="cpu")
 
 
+NON_FINITE_FIELDS = ["temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"]
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
+@pytest.mark.parametrize("field", NON_FINITE_FIELDS)
+def test_non_finite_values_are_refused_everywhere(field, bad):
+    """As SGLang's SamplingParams.verify refuses them: at construction, per batch (a field changed
+    afterwards) and by BatchState.add."""
+    from pinstage.builders import BatchState, Request
+
+    with pytest.raises(ValueError, match=rf"SamplingParams: {field} must be"):
+        SamplingParams(**{field: bad})
+    params = [SamplingParams(), SamplingParams(), SamplingParams(frequency_penalty=0.5)]
+    setattr(params[1], field, bad)
+    with pytest.raises(ValueError, match=rf"request 1: {field} must be .*, got {bad}$"):
+        build_sampling_batch(params, device="cpu")
+    state = BatchState()
+    with pytest.raises(ValueError, match=rf"BatchState.add: sampling_params: {field} must be .*, got {bad}$"):
+        state.add(Request([1], sampling_params=params[1]))
+    assert len(state) == 0
+
+
 def test_values_that_params_accept_are_accepted_per_batch():
     """Whatever SamplingParams accepts (subclasses of int and float: numpy float64, IntEnum), the
     batch check accepts too, with the values torch.tensor gives."""

@@ -12,6 +12,7 @@ import torch
 
 import pinstage
 
+from ._checks import is_integer_entry
 from ._fields import TOKEN_FIELDS, lacks_field, penalty_row, pool_row
 from .decode import DecodeInputs
 from .requests import NO_PENALTIES, TOP_K_ALL, check_sampling_fields
@@ -33,6 +34,7 @@ _COLUMNS = {
     "flags": (np.bool_, (5,)),
 }
 _INT64 = (-(2**63), 2**63 - 1)
+_MASK_HINT = " (a boolean mask is not accepted: pass np.flatnonzero(mask))"
 
 
 class BatchState:
@@ -106,8 +108,10 @@ class BatchState:
         return slot
 
     def filter(self, keep):
-        """Keep the slots listed in `keep` (distinct, in the order given: usually ascending, which
-        keeps batch order) and drop the others; kept requests get slots 0..len(keep)-1."""
+        """Keep the slots listed in `keep` (distinct ints, in the order given: usually ascending,
+        which keeps batch order) and drop the others; kept requests get slots 0..len(keep)-1.
+        TypeError for anything but integer slots (a boolean mask included), IndexError for a slot
+        outside the batch; the state is unchanged then."""
         keep = self._checked_slots(keep, "filter")
         n = self._size
         kept = np.zeros(n, dtype=bool)
@@ -121,18 +125,38 @@ class BatchState:
         self._size = keep.size
 
     def remove(self, slots):
-        """Drop the given slots, keeping the others in batch order."""
+        """Drop the given slots (ints, as for filter), keeping the others in batch order."""
         dropped = np.zeros(self._size, dtype=bool)
         dropped[self._checked_slots(slots, "remove")] = True
         self.filter(np.flatnonzero(~dropped))
 
     def _checked_slots(self, slots, method):
-        slots = np.asarray(slots, dtype=np.int64).reshape(-1)
+        """Integer slots inside the batch as an int64 array. A boolean mask is refused, not read as
+        slots 0 and 1 (TypeError: pass np.flatnonzero(mask)), and so are floats and strings; the
+        check is on the values given, before any conversion that could wrap or truncate them."""
+        if isinstance(slots, torch.Tensor):
+            slots = slots.numpy()
+        if not isinstance(slots, np.ndarray):
+            for i, value in enumerate(slots):
+                if not is_integer_entry(value):
+                    raise TypeError(
+                        f"BatchState.{method}: slots must be ints, got {type(value).__name__} {value!r} at index {i}"
+                        + _MASK_HINT * isinstance(value, (bool, np.bool_))
+                    )
+        values = np.asarray(slots)
+        if values.ndim != 1:
+            raise ValueError(f"BatchState.{method}: slots must be a 1-D list of ints, got shape {values.shape}")
+        if not values.size:
+            return np.zeros(0, dtype=np.int64)
+        if values.dtype.kind not in "iuO":  # "O": ints beyond 64 bits, which the range check names
+            raise TypeError(f"BatchState.{method}: slots must be ints, got dtype {values.dtype}"
+                            + _MASK_HINT * (values.dtype.kind == "b"))
         n = self._size
-        if slots.size and (slots.min() < 0 or slots.max() >= n):
-            bad = int(slots[(slots < 0) | (slots >= n)][0])
-            raise IndexError(f"BatchState.{method}: slot {bad} is outside the batch of {n}")
-        return slots
+        outside = (values < 0) | (values >= n)
+        if outside.any():
+            bad = values[outside][0]
+            raise IndexError(f"BatchState.{method}: slot {int(bad)} is outside the batch of {n}")
+        return values.astype(np.int64)
 
     def merge(self, other):
         """Append every request of `other` after this state's, in its order."""
@@ -146,7 +170,8 @@ class BatchState:
 
     def append_tokens(self, tokens):
         """One sampled token per request, in slot order (a numpy array or CPU tensor of ints): each
-        becomes its request's last token and its length grows by one."""
+        becomes its request's last token and its length grows by one. A uint64 token beyond int64 is
+        refused (ValueError), as add() refuses it; the state is unchanged then."""
         if isinstance(tokens, torch.Tensor):
             tokens = tokens.numpy()
         tokens = np.asarray(tokens)
@@ -155,6 +180,12 @@ class BatchState:
             raise ValueError(f"BatchState.append_tokens: expected {n} tokens (one per request), got shape {tokens.shape}")
         if tokens.dtype.kind not in "iu":
             raise TypeError(f"BatchState.append_tokens: tokens must be integers, got {tokens.dtype}")
+        if tokens.dtype == np.uint64 and n and tokens.max() > _INT64[1]:
+            # Refused as add() refuses it: stored, it would wrap to a negative id.
+            i = int(np.argmax(tokens > _INT64[1]))
+            raise ValueError(
+                f"BatchState.append_tokens: token {i} = {int(tokens[i])} is outside int64 [{_INT64[0]}, {_INT64[1]}]"
+            )
         self._cols["last_token_ids"][:n] = tokens
         self._cols["seq_lens"][:n] += 1
 

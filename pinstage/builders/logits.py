@@ -34,39 +34,53 @@ def logprob_index_tensors(extend_seq_lens, extend_logprob_start_lens):
     """(sample_indices, input_logprob_indices, pruned_lens, pruned_row_indices) as CPU int64 tensors
     from per-request lengths (lists of ints or integer numpy arrays), validated.
 
-    Raises ValueError naming the request when a length is < 1 or a start is outside [0, length],
-    TypeError when one is not an integer.
+    Raises ValueError naming the request when a length is < 1 or beyond int64 or a start is outside
+    [0, length], TypeError when one is not an integer or a column is not a list.
     """
-    # Inferred, not forced, dtypes: a float or str length must be an error, not truncated or parsed.
-    lens = np.asarray(extend_seq_lens)
-    starts = np.asarray(extend_logprob_start_lens)
-    if lens.shape != starts.shape or lens.ndim != 1:
-        raise ValueError(
-            f"extend_seq_lens has {len(extend_seq_lens)} entries but extend_logprob_start_lens has "
-            f"{len(extend_logprob_start_lens)}"
-        )
-    if lens.size and (lens.dtype.kind not in "iu" or starts.dtype.kind not in "iu"):
-        _raise_first_invalid(extend_seq_lens, extend_logprob_start_lens)
-    if lens.dtype.kind == "u" and lens.size and lens.max() >= 2**63:
-        _raise_first_invalid(lens.tolist(), starts.tolist())
+    lens = _column("extend_seq_lens", extend_seq_lens)
+    starts = _column("extend_logprob_start_lens", extend_logprob_start_lens)
+    if lens.size != starts.size:
+        raise ValueError(f"extend_seq_lens has {lens.size} entries but extend_logprob_start_lens has {starts.size}")
+    # Checked on the values given: a cast to int64 first would wrap uint64 2**64 - 1 to -1.
+    if lens.size:
+        if lens.dtype.kind not in "iu" or starts.dtype.kind not in "iu":
+            _raise_first_invalid(extend_seq_lens, extend_logprob_start_lens)  # as given: numpy made them one type
+        if max(lens.max(), starts.max()) > _INT64_MAX:
+            _raise_first_invalid(lens.tolist(), starts.tolist())
     # The index arithmetic is one pass in C++ (numpy's ~20 whole-array operations cost more than the
     # staging at small batches).
     return _C.logprob_indices(torch.from_numpy(np.ascontiguousarray(lens, dtype=np.int64)),
                               torch.from_numpy(np.ascontiguousarray(starts, dtype=np.int64)))
 
 
+_INT64_MAX = 2**63 - 1
+
+
+def _column(name, values):
+    """One entry per request as a 1-D numpy array, with the dtype numpy infers (not forced: a float
+    or str must be named as an error, not truncated or parsed)."""
+    try:
+        column = np.asarray(values)
+    except ValueError:  # ragged nesting
+        column = None
+    if column is None or column.ndim != 1:
+        got = "a scalar" if column is not None and column.ndim == 0 else "nested"
+        raise TypeError(f"{name} must be a list of ints, one per request, got {got} {type(values).__name__}")
+    return column
+
+
 def _raise_first_invalid(lens, starts):
     for i, (n, s) in enumerate(zip(lens, starts)):
-        if not is_integer_entry(n) or not is_integer_entry(s):
-            raise TypeError(
-                f"request {i}: extend_seq_lens and extend_logprob_start_lens must be ints, "
-                f"got {type(n).__name__} and {type(s).__name__}"
-            )
+        for name, value in (("extend_seq_lens", n), ("extend_logprob_start_lens", s)):
+            if not is_integer_entry(value):
+                raise TypeError(f"request {i}: {name} must be an int, got {type(value).__name__} {value!r}")
         if n < 1:
             raise ValueError(f"request {i}: extend_seq_lens must be >= 1, got {n}")
+        if n > _INT64_MAX:
+            raise ValueError(f"request {i}: extend_seq_lens must fit int64 (at most 2**63 - 1), got {n}")
         if not 0 <= s <= n:
             raise ValueError(f"request {i}: extend_logprob_start_lens must be in [0, extend_seq_lens={n}], got {s}")
-    raise TypeError("extend_seq_lens and extend_logprob_start_lens must be sequences of ints")
+    raise AssertionError("the lengths failed the batch check but no request fails it")
 
 
 def build_logprob_indices(extend_seq_lens, extend_logprob_start_lens, *, backend="pinstage", stream=None, device=None):

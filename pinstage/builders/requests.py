@@ -1,4 +1,5 @@
 """The plain request data the builders read: what a scheduler holds per request, no framework."""
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -16,7 +17,7 @@ _GREEDY_TEMPERATURE = 1e-6
 # field -> (integer, is_valid, expected), as SGLang's SamplingParams.verify states them. SamplingParams
 # checks them at construction, and the builders again per batch, as a field may be changed afterwards.
 SAMPLING_RULES: Dict[str, Tuple[bool, Callable[[float], bool], str]] = {
-    "temperature": (False, lambda v: v >= 0, ">= 0"),
+    "temperature": (False, lambda v: 0 <= v < math.inf, "a finite number >= 0"),
     "top_p": (False, lambda v: 0 < v <= 1, "in (0, 1]"),
     "top_k": (True, lambda v: v >= 1, f">= 1 (TOP_K_ALL = {TOP_K_ALL} for all tokens; -1 at construction)"),
     "min_p": (False, lambda v: 0 <= v <= 1, "in [0, 1]"),
@@ -32,7 +33,7 @@ class SamplingParams:
     """One request's sampling settings, validated at construction (TypeError for a value of the
     wrong type, ValueError for one out of range; both name the field).
 
-    temperature >= 0 (below 1e-6: greedy, stored as temperature 1 with top_k 1); top_p in (0, 1];
+    temperature finite and >= 0 (below 1e-6: greedy, stored as temperature 1 with top_k 1); top_p in (0, 1];
     top_k >= 1, or -1 for all tokens (stored as TOP_K_ALL); min_p in [0, 1]; sampling_seed an int
     or None; frequency_penalty and presence_penalty in [-2, 2]; repetition_penalty in (0, 2].
     """

@@ -54,7 +54,7 @@ def build_sampling_batch(params, *, enable_deterministic_sampling=False, backend
     together (one copy with backend="pinstage").
 
     Raises ValueError (TypeError for a value of the wrong type) naming the request and the field
-    when temperature < 0, top_p outside (0, 1], top_k not an int >= 1
+    when temperature is negative or not finite, top_p outside (0, 1], top_k not an int >= 1
     (TOP_K_ALL means all), min_p outside [0, 1], a penalty outside its range or sampling_seed neither
     an int nor None; TypeError naming what was expected when params is not a list or an entry lacks
     a field. Nothing is staged then.
