@@ -2,7 +2,6 @@
 (sglang/srt/managers/schedule_batch.py, sglang/srt/sampling/sampling_params.py): the row at
 req.kv.req_pool_idx, output_ids an array("q"), slotted classes, no .penalties and no .validate().
 They must give exactly what pinstage's own Request and SamplingParams give for the same values."""
-import dataclasses
 import math
 import math
 from array import array
@@ -18,12 +17,15 @@ from pinstage.builders import (
 )
 
 
-@dataclasses.dataclass(slots=True, kw_only=True)
 class EngineKvInfo:
-    """SGLang 0.5.23's ReqKvInfo: the request's req_to_token row, None while it holds none."""
+    """SGLang 0.5.23's ReqKvInfo (a slotted dataclass): the request's req_to_token row, None while
+    it holds none."""
 
-    req_pool_idx: Optional[int] = None
-    kv_committed_len: int = 0
+    __slots__ = ("req_pool_idx", "kv_committed_len")
+
+    def __init__(self, req_pool_idx: Optional[int] = None):
+        self.req_pool_idx = req_pool_idx
+        self.kv_committed_len = 0
 
 
 class EngineSamplingParams:

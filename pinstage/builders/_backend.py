@@ -4,20 +4,27 @@
 "blocking" are the patterns engines use today; they exist so that the builders can be tested equal
 and timed side by side on the same values.
 """
+from typing import Any, List, Optional, Sequence, Tuple
+
 import torch
 
 import pinstage
 from pinstage import _C
+from pinstage._api import Device
+
+# [(values, dtype), ...]: what stage() moves; values are lists, numpy arrays or CPU tensors.
+Items = Sequence[Tuple[Any, torch.dtype]]
 
 BACKENDS = ("pinstage", "pinned", "blocking")
 
 
-def check_backend(backend):
+def check_backend(backend: str) -> None:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
 
-def stage(items, backend="pinstage", stream=None, device=None):
+def stage(items: Items, backend: str = "pinstage", stream: Optional[torch.cuda.Stream] = None,
+          device: Device = None) -> List[torch.Tensor]:
     """[(values, dtype), ...] -> [tensor, ...] on the device pinstage would stage to, each equal to
     torch.tensor(values, dtype=dtype); copies are enqueued on `stream` (default: current stream).
     values: lists, numpy arrays or CPU tensors."""

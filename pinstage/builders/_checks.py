@@ -1,29 +1,38 @@
 """Validation for the builders: cheap whole-batch checks, with a walk over the requests only on
 failure, to name the request and the field."""
+from typing import Any, Callable, List, NoReturn, Optional, Sequence, Tuple
+
 import numpy as np
 import torch
 
 import pinstage
 
+from pinstage._api import Device
+
 from ._backend import stage
 
+# (name, one value per request, dtype): a field as stage_fields stages it.
+Field = Tuple[str, Sequence[Any], torch.dtype]
 
-def is_int(value):
+
+def is_int(value: object) -> bool:
     """A Python int that is not a bool (what an integer request field must hold)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def is_real(value):
+def is_real(value: object) -> bool:
     """A Python int or float that is not a bool (what a real-valued request field must hold)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def is_integer_entry(value):
+def is_integer_entry(value: object) -> bool:
     """An entry of a per-request integer column: a Python or numpy integer, not a bool."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
-def checked_bounds(values, field, is_valid, expected, integer=False):
+def checked_bounds(
+    values: Sequence[Any], field: str, is_valid: Callable[[Any], bool], expected: str, integer: bool = False
+) -> Tuple[Any, Any]:
     """(min, max) of a non-empty list whose values all pass is_valid (an interval test) and, with
     integer=True, are all ints. Raises for the first request that does not: TypeError if its value
     is not a number of the right kind, else ValueError; the message names the request and the field.
@@ -45,7 +54,9 @@ def checked_bounds(values, field, is_valid, expected, integer=False):
     return lo, hi
 
 
-def _raise_first_invalid(values, field, is_valid, expected, integer):
+def _raise_first_invalid(
+    values: Sequence[Any], field: str, is_valid: Callable[[Any], bool], expected: str, integer: bool
+) -> NoReturn:
     kind_ok = is_int if integer else is_real
     for i, value in enumerate(values):
         if not kind_ok(value):
@@ -56,7 +67,9 @@ def _raise_first_invalid(values, field, is_valid, expected, integer):
     raise AssertionError(f"{field}: the batch check failed but no request fails it")
 
 
-def stage_fields(fields, backend, stream, device):
+def stage_fields(
+    fields: Sequence[Field], backend: str, stream: Optional[torch.cuda.Stream], device: Device
+) -> List[torch.Tensor]:
     """fields: [(name, values, dtype)] with one value per request. Stages them together; when a
     value cannot be converted, re-raises the error naming the request and the field."""
     try:

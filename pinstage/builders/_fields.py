@@ -33,7 +33,7 @@ def lacks_field(where: str, item: Any, fields: Sequence[str], what: str) -> Opti
     for name in fields:
         if not hasattr(item, name):
             return TypeError(
-                f"{where}: expected {what} (with {', '.join(fields)}), got {type(item).__name__} without {name}"
+                f"{where}: expected {what} with {', '.join(fields)}, got {type(item).__name__} without {name}"
             )
     return None
 
@@ -54,7 +54,7 @@ def pool_rows(where: str, requests: Sequence[Any]) -> List[Optional[int]]:
 
 def pool_row(where: str, request: Any) -> Optional[int]:
     """One request's req_to_token row (see pool_rows); TypeError naming both places otherwise."""
-    holder = request if hasattr(request, "req_pool_idx") else getattr(request, "kv", None)
+    holder: Any = request if hasattr(request, "req_pool_idx") else getattr(request, "kv", None)
     if hasattr(holder, "req_pool_idx"):
         row: Optional[int] = holder.req_pool_idx
         return row

@@ -7,19 +7,24 @@ whole batch at once when sampled tokens come back; a step is then one stage_many
 one ring region and one copy, whatever the batch size. pinstage's ring is what makes reusing the
 host memory behind those copies safe: the columns are never the copy's source, the ring is.
 """
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
 import numpy as np
+import numpy.typing as npt
 import torch
 
 import pinstage
+from pinstage._api import Device
 
 from ._checks import is_integer_entry
 from ._fields import TOKEN_FIELDS, lacks_field, penalty_row, pool_row
 from .decode import DecodeInputs
+from .protocols import BatchRequest
 from .requests import NO_PENALTIES, TOP_K_ALL, check_sampling_fields
 from .sampling import DEFAULT_SAMPLING_SEED, SamplingBatch
 
 # name -> (numpy dtype, shape of one row)
-_COLUMNS = {
+_COLUMNS: Dict[str, Tuple[type, Tuple[int, ...]]] = {
     "last_token_ids": (np.int64, ()),
     "seq_lens": (np.int64, ()),
     "req_pool_indices": (np.int64, ()),
@@ -34,6 +39,8 @@ _COLUMNS = {
     "flags": (np.bool_, (5,)),
 }
 _INT64 = (-(2**63), 2**63 - 1)
+# Slots of the batch: ints (a list, a numpy array or a CPU tensor).
+Slots = Union[Sequence[int], npt.NDArray[np.integer[Any]], torch.Tensor]
 _MASK_HINT = " (a boolean mask is not accepted: pass np.flatnonzero(mask))"
 
 
@@ -52,16 +59,18 @@ class BatchState:
     never reads them after `add` (append_tokens does not append to their output_ids).
     """
 
-    def __init__(self, capacity=64):
+    def __init__(self, capacity: int = 64) -> None:
         self._size = 0
-        self._cols = {name: np.zeros((max(1, capacity),) + row, dtype) for name, (dtype, row) in _COLUMNS.items()}
-        self.requests = []
+        self._cols: Dict[str, npt.NDArray[Any]] = {
+            name: np.zeros((max(1, capacity),) + row, dtype) for name, (dtype, row) in _COLUMNS.items()
+        }
+        self.requests: List[BatchRequest] = []
         self._counts = np.zeros(5, dtype=np.int64)  # the flags column summed over the batch
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self._size
 
-    def column(self, name):
+    def column(self, name: str) -> npt.NDArray[Any]:
         """A read-only view of one column over the batch (see _COLUMNS for the names)."""
         view = self._cols[name][: self._size]
         view.flags.writeable = False
@@ -69,7 +78,7 @@ class BatchState:
 
     # ----------------------------------------------------------------------------- membership
 
-    def add(self, request):
+    def add(self, request: BatchRequest) -> int:
         """Append one request; returns its slot. Reads (BatchRequest: SGLang's Req has them all)
         origin_input_ids, output_ids, the req_to_token row at `req_pool_idx` or (SGLang 0.5.23)
         `kv.req_pool_idx`, and sampling_params' temperature, top_p, top_k, min_p, sampling_seed and
@@ -107,7 +116,7 @@ class BatchState:
         self._size = slot + 1
         return slot
 
-    def filter(self, keep):
+    def filter(self, keep: Slots) -> None:
         """Keep the slots listed in `keep` (distinct ints, in the order given: usually ascending,
         which keeps batch order) and drop the others; kept requests get slots 0..len(keep)-1.
         TypeError for anything but integer slots (a boolean mask included), IndexError for a slot
@@ -124,13 +133,13 @@ class BatchState:
         self.requests = [self.requests[i] for i in keep.tolist()]
         self._size = keep.size
 
-    def remove(self, slots):
+    def remove(self, slots: Slots) -> None:
         """Drop the given slots (ints, as for filter), keeping the others in batch order."""
         dropped = np.zeros(self._size, dtype=bool)
         dropped[self._checked_slots(slots, "remove")] = True
         self.filter(np.flatnonzero(~dropped))
 
-    def _checked_slots(self, slots, method):
+    def _checked_slots(self, slots: Slots, method: str) -> npt.NDArray[np.int64]:
         """Integer slots inside the batch as an int64 array. A boolean mask is refused, not read as
         slots 0 and 1 (TypeError: pass np.flatnonzero(mask)), and so are floats and strings; the
         check is on the values given, before any conversion that could wrap or truncate them."""
@@ -158,8 +167,10 @@ class BatchState:
             raise IndexError(f"BatchState.{method}: slot {int(bad)} is outside the batch of {n}")
         return values.astype(np.int64)
 
-    def merge(self, other):
+    def merge(self, other: "BatchState") -> None:
         """Append every request of `other` after this state's, in its order."""
+        if not isinstance(other, BatchState):
+            raise TypeError(f"BatchState.merge: expected a BatchState, got {type(other).__name__}")
         n, m = self._size, other._size
         self._reserve(n + m)
         for name, col in self._cols.items():
@@ -168,7 +179,7 @@ class BatchState:
         self.requests.extend(other.requests)
         self._size = n + m
 
-    def append_tokens(self, tokens):
+    def append_tokens(self, tokens: Union[npt.NDArray[np.integer[Any]], torch.Tensor, Sequence[int]]) -> None:
         """One sampled token per request, in slot order (a numpy array or CPU tensor of ints): each
         becomes its request's last token and its length grows by one. A uint64 token beyond int64 is
         refused (ValueError), as add() refuses it; the state is unchanged then."""
@@ -192,28 +203,28 @@ class BatchState:
     # ----------------------------------------------------------------------------- flags
 
     @property
-    def is_all_greedy(self):
+    def is_all_greedy(self) -> bool:
         return bool(self._counts[0] == self._size)
 
     @property
-    def need_top_p(self):
+    def need_top_p(self) -> bool:
         return bool(self._counts[1] > 0)
 
     @property
-    def need_top_k(self):
+    def need_top_k(self) -> bool:
         return bool(self._counts[2] > 0)
 
     @property
-    def need_min_p(self):
+    def need_min_p(self) -> bool:
         return bool(self._counts[3] > 0)
 
     @property
-    def need_penalties(self):
+    def need_penalties(self) -> bool:
         return bool(self._counts[4] > 0)
 
     # ----------------------------------------------------------------------------- per step
 
-    def decode_inputs(self, *, stream=None, device=None):
+    def decode_inputs(self, *, stream: Optional[torch.cuda.Stream] = None, device: Device = None) -> DecodeInputs:
         """DecodeInputs (input_ids, seq_lens, req_pool_indices: int64 [bs]) in one copy."""
         n, c = self._size, self._cols
         return DecodeInputs(*pinstage.stage_many(
@@ -222,11 +233,16 @@ class BatchState:
             stream, device=device,
         ))
 
-    def penalty_last_token_ids(self, *, stream=None, device=None):
+    def penalty_last_token_ids(
+        self, *, stream: Optional[torch.cuda.Stream] = None, device: Device = None
+    ) -> torch.Tensor:
         """int64 [bs]: each request's last token."""
         return pinstage.stage_to_device(self._cols["last_token_ids"][: self._size], torch.int64, stream, device=device)
 
-    def sampling_batch(self, *, enable_deterministic_sampling=False, stream=None, device=None):
+    def sampling_batch(
+        self, *, enable_deterministic_sampling: bool = False, stream: Optional[torch.cuda.Stream] = None,
+        device: Device = None,
+    ) -> SamplingBatch:
         """SamplingBatch (as build_sampling_batch gives it) in one copy."""
         n, c = self._size, self._cols
         items = [
@@ -248,7 +264,7 @@ class BatchState:
 
     # ----------------------------------------------------------------------------- storage
 
-    def _reserve(self, rows):
+    def _reserve(self, rows: int) -> None:
         capacity = len(self._cols["seq_lens"])
         if rows <= capacity:
             return
@@ -259,7 +275,7 @@ class BatchState:
             self._cols[name] = grown
 
 
-def _checked_int(field, value, lo, hi):
+def _checked_int(field: str, value: object, lo: int, hi: int) -> int:
     if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)):
         raise TypeError(f"BatchState.add: {field} must be an int, got {type(value).__name__} {value!r}")
     if not lo <= value <= hi:

@@ -2,8 +2,10 @@
 write_cache_indices does before a prefill: the cached prefix's slots at [0, prefix_len), the newly
 allocated slots (its slice of out_cache_loc) at [prefix_len, seq_len)."""
 import contextlib
+from typing import Any, Optional, Sequence, Tuple, Union
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 import pinstage
@@ -13,19 +15,22 @@ from ._backend import check_backend, stage
 
 _FIELDS = ("req_pool_indices", "prefix_lens", "seq_lens", "extend_lens")
 
+# One int per request: a list or an integer numpy array.
+IntColumn = Union[Sequence[int], npt.NDArray[np.integer[Any]]]
+
 
 def write_cache_indices(
-    req_to_token,
-    req_pool_indices,
-    prefix_tensors,
-    prefix_lens,
-    seq_lens,
-    extend_lens,
-    out_cache_loc,
+    req_to_token: torch.Tensor,
+    req_pool_indices: IntColumn,
+    prefix_tensors: Sequence[torch.Tensor],
+    prefix_lens: IntColumn,
+    seq_lens: IntColumn,
+    extend_lens: IntColumn,
+    out_cache_loc: torch.Tensor,
     *,
-    backend="pinstage",
-    stream=None,
-):
+    backend: str = "pinstage",
+    stream: Optional[torch.cuda.Stream] = None,
+) -> None:
     """req_to_token: int32 [rows, max_context_len]; out_cache_loc: int64 [sum(extend_lens)]; both on
     one device. req_pool_indices, prefix_lens, seq_lens, extend_lens: one int per request (lists or
     integer numpy arrays). prefix_tensors: one int64 1-D tensor per request on that device, at least
@@ -60,7 +65,9 @@ def write_cache_indices(
         )
 
 
-def _int64_columns(*columns):
+def _int64_columns(
+    *columns: IntColumn,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The per-request ints as CPU int64 tensors: integer numpy arrays as they are, other columns
     converted by pinstage's CPU path. A float, str or bool is refused (TypeError naming the request
     and the field), not truncated; lengths and ranges are checked by _C.cache_index_plan."""
@@ -80,4 +87,5 @@ def _int64_columns(*columns):
                     f"write_cache_indices: request {i}: {name} must be an int, got {type(value).__name__}"
                 )
         out.append(pinstage.stage_to_device(column, torch.int64, device="cpu"))
-    return out
+    rows, prefixes, lengths, extends = out
+    return rows, prefixes, lengths, extends

@@ -1,13 +1,15 @@
 """Per-step decode inputs from a list of requests: last-token ids (also the penalty path's latest
 output ids), seq_lens and req_pool_indices, as SGLang's ScheduleBatch.prepare_for_decode makes them."""
 from dataclasses import dataclass
+from typing import List, Optional, Sequence
 
 import torch
 
-from ._checks import checked_bounds, stage_fields
-from ._fields import TOKEN_FIELDS, checked_list, missing_field, pool_rows
+from pinstage._api import Device
 
-_WHAT = "requests (with origin_input_ids and output_ids)"
+from ._checks import Field, checked_bounds, stage_fields
+from ._fields import TOKEN_FIELDS, checked_list, missing_field, pool_rows
+from .protocols import DecodeRequest, TokenHistory
 
 
 @dataclass
@@ -17,14 +19,14 @@ class DecodeInputs:
     req_pool_indices: torch.Tensor  # int64 [bs]: row of each request in req_to_token
 
 
-def last_token_ids(requests, where="last_token_ids"):
+def last_token_ids(requests: Sequence[TokenHistory], where: str = "last_token_ids") -> List[int]:
     """Each request's last output token, or its last prompt token before it has any output (reads
     output_ids and origin_input_ids: TokenHistory)."""
-    requests = checked_list(where, requests, _WHAT)
+    requests = checked_list(where, requests, "requests")
     try:
         return [(r.output_ids or r.origin_input_ids)[-1] for r in requests]
     except AttributeError:
-        raise missing_field(where, requests, TOKEN_FIELDS, _WHAT) from None
+        raise missing_field(where, requests, TOKEN_FIELDS, "a request") from None
     except IndexError:
         for i, r in enumerate(requests):
             if not r.output_ids and not r.origin_input_ids:
@@ -34,7 +36,10 @@ def last_token_ids(requests, where="last_token_ids"):
         raise
 
 
-def build_penalty_last_token_ids(requests, *, backend="pinstage", stream=None, device=None):
+def build_penalty_last_token_ids(
+    requests: Sequence[TokenHistory], *, backend: str = "pinstage", stream: Optional[torch.cuda.Stream] = None,
+    device: Device = None,
+) -> torch.Tensor:
     """int64 [bs] of last tokens for the penalizers, for engines whose input ids are already on the
     device (overlap scheduling) and only the penalty path needs the host's copy. Reads
     request.output_ids and request.origin_input_ids (TokenHistory: SGLang's Req has them)."""
@@ -43,7 +48,10 @@ def build_penalty_last_token_ids(requests, *, backend="pinstage", stream=None, d
     return ids
 
 
-def build_decode_inputs(requests, *, backend="pinstage", stream=None, device=None):
+def build_decode_inputs(
+    requests: Sequence[DecodeRequest], *, backend: str = "pinstage", stream: Optional[torch.cuda.Stream] = None,
+    device: Device = None,
+) -> DecodeInputs:
     """The three per-step decode tensors, staged together (one copy with backend="pinstage"), as
     SGLang's prepare_for_decode makes them. Reads request.origin_input_ids, request.output_ids and
     the request's req_to_token row, `req_pool_idx` or (SGLang 0.5.23) `kv.req_pool_idx`
@@ -52,7 +60,7 @@ def build_decode_inputs(requests, *, backend="pinstage", stream=None, device=Non
     req_pool_indices = pool_rows("build_decode_inputs", requests)
     if requests:
         checked_bounds(req_pool_indices, "req_pool_idx", lambda v: v >= 0, ">= 0", integer=True)
-    fields = [
+    fields: List[Field] = [
         ("last token id", ids, torch.int64),
         ("seq_len", [len(r.origin_input_ids) + len(r.output_ids) for r in requests], torch.int64),
         ("req_pool_idx", req_pool_indices, torch.int64),

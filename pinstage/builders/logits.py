@@ -13,11 +13,14 @@ so that sum(pruned_lens) == len(input_logprob_indices), which upstream relies on
 per-request values over the input-logprob rows (repeat_interleave of temperatures by pruned_lens).
 """
 from dataclasses import dataclass
+from typing import Any, NoReturn, Optional, Sequence, Tuple
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from .. import _C
+from .._api import Device
 from ._backend import stage
 from ._checks import is_integer_entry
 
@@ -30,7 +33,9 @@ class LogprobIndices:
     pruned_row_indices: torch.Tensor  # int64 [kept rows]: hidden-state rows kept for the logits
 
 
-def logprob_index_tensors(extend_seq_lens, extend_logprob_start_lens):
+def logprob_index_tensors(
+    extend_seq_lens: Sequence[int], extend_logprob_start_lens: Sequence[int]
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(sample_indices, input_logprob_indices, pruned_lens, pruned_row_indices) as CPU int64 tensors
     from per-request lengths (lists of ints or integer numpy arrays), validated.
 
@@ -56,7 +61,7 @@ def logprob_index_tensors(extend_seq_lens, extend_logprob_start_lens):
 _INT64_MAX = 2**63 - 1
 
 
-def _column(name, values):
+def _column(name: str, values: object) -> npt.NDArray[Any]:
     """One entry per request as a 1-D numpy array, with the dtype numpy infers (not forced: a float
     or str must be named as an error, not truncated or parsed)."""
     try:
@@ -69,7 +74,7 @@ def _column(name, values):
     return column
 
 
-def _raise_first_invalid(lens, starts):
+def _raise_first_invalid(lens: Sequence[Any], starts: Sequence[Any]) -> NoReturn:
     for i, (n, s) in enumerate(zip(lens, starts)):
         for name, value in (("extend_seq_lens", n), ("extend_logprob_start_lens", s)):
             if not is_integer_entry(value):
@@ -83,7 +88,10 @@ def _raise_first_invalid(lens, starts):
     raise AssertionError("the lengths failed the batch check but no request fails it")
 
 
-def build_logprob_indices(extend_seq_lens, extend_logprob_start_lens, *, backend="pinstage", stream=None, device=None):
+def build_logprob_indices(
+    extend_seq_lens: Sequence[int], extend_logprob_start_lens: Sequence[int], *, backend: str = "pinstage",
+    stream: Optional[torch.cuda.Stream] = None, device: Device = None,
+) -> LogprobIndices:
     """Per-request lengths (lists of ints or integer numpy arrays) -> LogprobIndices, the four
     int64 tensors staged together (one copy with backend="pinstage").
 

@@ -1,15 +1,17 @@
 """Per-batch sampling tensors and flags from a list of SamplingParams, as SGLang's
 SamplingBatchInfo.from_schedule_batch builds them."""
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
-from ._checks import checked_bounds, stage_fields
+from pinstage._api import Device
+
+from ._checks import Field, checked_bounds, stage_fields
 from ._fields import SAMPLING_FIELDS, checked_list, missing_field, penalty_row
+from .protocols import SamplingFields
 from .requests import NO_PENALTIES, SAMPLING_RULES, TOP_K_ALL
 
-_WHAT = "sampling parameters (a request's .sampling_params)"
 
 # The seed a request without one gets when deterministic sampling is on (SGLang's default).
 DEFAULT_SAMPLING_SEED = 42
@@ -29,7 +31,9 @@ class SamplingBatch:
     need_min_p: bool  # some min_p > 0
 
     @classmethod
-    def from_staged(cls, tensors, *, with_seeds, with_penalties, flags):
+    def from_staged(
+        cls, tensors: Sequence[torch.Tensor], *, with_seeds: bool, with_penalties: bool, flags: Sequence[Any]
+    ) -> "SamplingBatch":
         """tensors as staged in this order: temperatures, top_ps, top_ks, min_ps, then seeds and
         penalties when present; flags: (is_all_greedy, need_top_p, need_top_k, need_min_p)."""
         return cls(
@@ -46,7 +50,10 @@ class SamplingBatch:
         )
 
 
-def build_sampling_batch(params, *, enable_deterministic_sampling=False, backend="pinstage", stream=None, device=None):
+def build_sampling_batch(
+    params: Sequence[SamplingFields], *, enable_deterministic_sampling: bool = False, backend: str = "pinstage",
+    stream: Optional[torch.cuda.Stream] = None, device: Device = None,
+) -> SamplingBatch:
     """params: one sampling-parameters object per request, in batch order (pinstage's
     SamplingParams, SGLang's, or any SamplingFields: reads temperature, top_p, top_k, min_p,
     sampling_seed, frequency_penalty, presence_penalty, repetition_penalty, as SGLang's
@@ -59,7 +66,7 @@ def build_sampling_batch(params, *, enable_deterministic_sampling=False, backend
     an int nor None; TypeError naming what was expected when params is not a list or an entry lacks
     a field. Nothing is staged then.
     """
-    params = checked_list("build_sampling_batch", params, _WHAT)
+    params = checked_list("build_sampling_batch", params, "sampling parameters")
     try:
         temperatures = [p.temperature for p in params]
         top_ps = [p.top_p for p in params]
@@ -68,7 +75,8 @@ def build_sampling_batch(params, *, enable_deterministic_sampling=False, backend
         penalties = [penalty_row(p) for p in params]
         seeds = [p.sampling_seed for p in params] if enable_deterministic_sampling else []
     except AttributeError:
-        raise missing_field("build_sampling_batch", params, SAMPLING_FIELDS, _WHAT) from None
+        what = "sampling parameters (a request's .sampling_params)"
+        raise missing_field("build_sampling_batch", params, SAMPLING_FIELDS, what) from None
     if params:
         _checked(temperatures, "temperature")
         top_p_min, _ = _checked(top_ps, "top_p")
@@ -85,7 +93,7 @@ def build_sampling_batch(params, *, enable_deterministic_sampling=False, backend
         need_penalties = False
         flags = (True, False, False, False)
 
-    fields = [
+    fields: List[Field] = [
         ("temperature", temperatures, torch.float32),
         ("top_p", top_ps, torch.float32),
         ("top_k", top_ks, torch.int32),
@@ -104,6 +112,6 @@ def build_sampling_batch(params, *, enable_deterministic_sampling=False, backend
     )
 
 
-def _checked(values, name):
+def _checked(values: Sequence[Any], name: str) -> Tuple[Any, Any]:
     integer, is_valid, expected = SAMPLING_RULES[name]
     return checked_bounds(values, name, is_valid, expected, integer)
