@@ -1,0 +1,156 @@
+"""vLLM 0.33's staging modules, imported from its released source with its heavy imports stood in.
+
+Only the modules under test run as released (torch_utils, platform_utils, torch_version, envs,
+v1/utils.py, v1/worker/gpu/buffer_utils.py); what they import for other purposes (zmq, uvloop,
+usage stats, the scheduler's output, vLLM's logger and platform detection, its compiled ops) is a
+stand-in here, so that the unpacked subset stays small and imports without vLLM's dependencies.
+"""
+import importlib
+import logging
+import re
+import sys
+import types
+
+import torch
+
+from engine_source import engine_root
+
+VLLM_VERSION = "0.33.0"
+# The wheel's files that run as released; everything else vLLM would import is a stand-in below.
+VLLM_FILES = [
+    "vllm/envs.py",
+    "vllm/utils/__init__.py",
+    "vllm/utils/platform_utils.py",
+    "vllm/utils/torch_utils.py",
+    "vllm/utils/torch_version.py",
+    "vllm/v1/__init__.py",
+    "vllm/v1/utils.py",
+    "vllm/v1/worker/__init__.py",
+    "vllm/v1/worker/gpu/__init__.py",
+    "vllm/v1/worker/gpu/buffer_utils.py",
+]
+
+
+class _Platform:
+    """vllm.platforms.current_platform: CUDA with pinned memory where a GPU is visible. Without one,
+    an accelerator whose device is the CPU and which has no pinned memory, so that vLLM's originals
+    take their explicit-copy path (NonUvaBuffer) and give CPU tensors to compare with."""
+
+    def __init__(self):
+        self.cuda = torch.cuda.is_available()
+        self.device_type = "cuda" if self.cuda else "cpu"
+        self.device_name = self.device_type
+        self.dispatch_key = "CUDA" if self.cuda else "CPU"
+
+    def is_pin_memory_available(self):
+        return self.cuda
+
+    def is_cuda(self):
+        return self.cuda
+
+    def is_cuda_alike(self):
+        return self.cuda
+
+    def is_rocm(self):
+        return False
+
+    def is_xpu(self):
+        return False
+
+    def is_cpu(self):
+        return False
+
+    def current_stream(self):
+        return torch.cuda.current_stream()
+
+
+class _Logger(logging.LoggerAdapter):
+    def __init__(self, name):
+        super().__init__(logging.getLogger(name), {})
+
+    def warning_once(self, msg, *args, **kwargs):
+        self.warning(msg, *args, **kwargs)
+
+    info_once = debug_once = warning_once
+
+
+def _module(name, **attrs):
+    """A stand-in module `name` with `attrs`, below the wheel's own packages where it has them."""
+    module = types.ModuleType(name)
+    module.__dict__.update(attrs)
+    parent, _, child = name.rpartition(".")
+    if parent:
+        try:
+            package = importlib.import_module(parent)
+        except ModuleNotFoundError:
+            package = _module(parent)
+        setattr(package, child, module)
+    sys.modules[name] = module
+    return module
+
+
+def _triton():
+    """The real triton where it is installed (buffer_utils only decorates its kernels at import);
+    else a stand-in whose jit leaves the function as it is."""
+    try:
+        import triton
+        import triton.language as tl
+        return triton, tl
+    except ImportError:
+        jit = types.SimpleNamespace(jit=lambda fn=None, **kw: fn if fn is not None else (lambda f: f),
+                                    cdiv=lambda a, b: -(-a // b))
+        return jit, types.SimpleNamespace(constexpr=int)
+
+
+def _uva_view(cpu_tensor):
+    """vLLM's compiled get_cuda_view_from_cpu_tensor: the pinned host memory itself, addressed by
+    the GPU (unified virtual addressing), so that a kernel reads the host's bytes when it runs."""
+    assert cpu_tensor.is_pinned(), "a UVA view needs pinned memory"
+
+    class Host:
+        __cuda_array_interface__ = {
+            "shape": tuple(cpu_tensor.shape), "strides": tuple(s * cpu_tensor.element_size() for s in cpu_tensor.stride()),
+            "typestr": torch.empty(0, dtype=cpu_tensor.dtype).numpy().dtype.str,
+            "data": (cpu_tensor.data_ptr(), False), "version": 3}
+
+    view = torch.as_tensor(Host(), device="cuda")
+    view._host = cpu_tensor  # the view must keep the pinned memory alive
+    return view
+
+
+def _install_stand_ins(root):
+    if "vllm" in sys.modules:
+        return
+    vllm = _module("vllm")
+    vllm.__path__ = [str(root / "vllm")]  # submodules from the wheel, without vllm/__init__'s imports
+    _module("vllm.logger", init_logger=_Logger)
+    _module("vllm.platforms", current_platform=_Platform())
+    triton, tl = _triton()
+    _module("vllm.triton_utils", triton=triton, tl=tl)
+    _module("vllm.usage.usage_lib", UsageContext=types.SimpleNamespace(ENGINE_CONTEXT="engine"), is_usage_stats_enabled=lambda: False,
+            usage_message=None)
+    _module("vllm.utils.network_utils", ZmqListener=object, get_open_zmq_ipc_path=None, get_tcp_uri=None)
+    _module("vllm.utils.system_utils", decorate_logs=None, kill_process_tree=None, set_process_title=None)
+    _module("vllm.v1.core.sched.output", SchedulerOutput=object)
+    for name, stand_in in (("uvloop", {}), ("regex", re.__dict__)):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            _module(name, **stand_in)
+    if torch.cuda.is_available() and not hasattr(torch.ops._C, "get_cuda_view_from_cpu_tensor"):
+        lib = torch.library.Library("_C", "FRAGMENT")
+        lib.define("get_cuda_view_from_cpu_tensor(Tensor(a) cpu_tensor) -> Tensor(a)")
+        lib.impl("get_cuda_view_from_cpu_tensor", _uva_view, "CPU")
+        _install_stand_ins.library = lib  # a Library unregisters its ops when collected
+
+
+def load_vllm():
+    """vLLM 0.33's (torch_utils, v1_utils, buffer_utils) modules, or pytest.skip saying why not."""
+    root = engine_root("vllm", VLLM_VERSION, VLLM_FILES)
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))  # also where importlib.metadata finds vLLM's version
+    _install_stand_ins(root)
+    return types.SimpleNamespace(
+        torch_utils=importlib.import_module("vllm.utils.torch_utils"),
+        v1_utils=importlib.import_module("vllm.v1.utils"),
+        buffer_utils=importlib.import_module("vllm.v1.worker.gpu.buffer_utils"))
