@@ -34,6 +34,14 @@ def fmt_us(value, spread=None):
     return text
 
 
+def fmt_us_pm(value, spread):
+    """A median in microseconds and the samples' largest distance from it, in percent: "9.30 ±3%"."""
+    if value is None:
+        return "-"
+    lo, hi = spread
+    return "%s ±%.0f%%" % (fmt_us(value), 100.0 * max(hi - value, value - lo) / value if value > 0 else 0.0)
+
+
 def fmt_ratio(value):
     return "-" if value is None else "%.2fx" % value
 
@@ -93,9 +101,10 @@ def _title(meta):
     return "%s, torch %s" % (meta.get("gpu") or "CPU only (%s)" % meta.get("cpu"), meta.get("torch"))
 
 
-def plot_panels(path, panels, meta, *, xlabel, ylabel="host us per call", title="", panel_width=5.0, dashed=()):
-    """panels: [(panel title, {line label: [(x, y), ...]})]: one log-log panel each, a line per
-    label (dashed for the labels in `dashed`), the machine in the figure's title."""
+def plot_panels(path, panels, meta, *, xlabel, ylabel="host us per call", title="", panel_width=5.0, dashed=(),
+                yscale="log"):
+    """panels: [(panel title, {line label: [(x, y), ...]})]: one panel each (log x, `yscale` y), a
+    line per label (dashed for the labels in `dashed`), the machine in the figure's title."""
     plt = _pyplot()
     if plt is None:
         return
@@ -109,7 +118,7 @@ def plot_panels(path, panels, meta, *, xlabel, ylabel="host us per call", title=
                                             color="C%d" % labels.index(label),
                                             linestyle="--" if label in dashed else "-")
         ax.set_xscale("log")
-        ax.set_yscale("log")
+        ax.set_yscale(yscale)
         ax.set_title(panel_title, fontsize=9)
         ax.set_xlabel(xlabel)
         ax.grid(True, which="both", alpha=0.3)

@@ -1,15 +1,24 @@
 #!/usr/bin/env python3
-"""Host time per builder call: pinstage on batch state, pinstage on a list of requests, and the
-pinned and blocking patterns engines use today, on the same requests in the same process.
+"""Host time per builder call, on the same requests in the same process, two state layouts by
+several copy patterns:
+  numpy state (BatchState's columns): pinstage (one stage_many), vLLM's CpuGpuBuffer pattern (a
+      persistent pinned buffer per field, copy_to_gpu(n); unsafe on reuse, timing only) and SGLang
+      0.5.23's (a pinned tensor per column, non_blocking copy);
+  request objects (a Python gather each call): pinstage, pinned + non_blocking, blocking.
+"layout" (pinned over requests / SGLang over numpy state) is what the numpy state buys with the
+copies unchanged; "ring" (SGLang over numpy state / pinstage over numpy state) is what pinstage buys
+on the same state. The logits builder has no batch state: its state column is the list builder fed
+numpy arrays, and it has no vLLM or SGLang column.
 
     python bench/builders.py [--json out.json] [--sizes 1,8,64,256,1024] [--repeats 15]
 
 Each builder is timed on fixed data; a sample is a loop of calls sized to about --sample-ms, after
-a warm-up; the methods take their samples in turn (round-robin, so that a drift of the machine's
-speed reaches all alike) and the median of --repeats samples is reported in microseconds per call.
-The GPU is idle (no busy kernel): "blocking" shows its conversion cost but not the wait it adds
-under overlap. Without a GPU it runs on the CPU (device="cpu"), where "pinned" is a plain
-torch.tensor and the ratios say nothing about staging; the output says so.
+a warm-up; the methods take their samples in turn, in an order rotated every round, with no device
+synchronisation anywhere (a drift of the machine, or the GPU left idle by a blocking sample, reaches
+every method alike), and the median of --repeats samples is reported in microseconds per call. No
+busy kernel: "blocking" shows its conversion cost but not the wait it adds under overlap. Without a
+GPU it runs on the CPU (device="cpu"), where "pinned" is a plain torch.tensor and the ratios say
+nothing about staging; the output says so.
 """
 import argparse
 import os
@@ -25,18 +34,26 @@ sys.path.insert(0, HERE)
 
 import _report  # noqa: E402
 import _timing  # noqa: E402
+from _baselines import CpuGpuBuffer, pinned_tensor  # noqa: E402
 from pinstage.builders import (  # noqa: E402
-    BatchState, Request, SamplingParams, build_decode_inputs, build_logprob_indices, build_penalty_last_token_ids,
-    build_sampling_batch, write_cache_indices,
+    BatchState, DecodeInputs, Request, SamplingBatch, SamplingParams, build_decode_inputs, build_logprob_indices,
+    build_penalty_last_token_ids, build_sampling_batch, write_cache_indices,
 )
 
-METHODS = ["batch_state", "list", "pinned", "blocking"]
+METHODS = ["batch_state", "vllm_state", "sglang_state", "list", "pinned", "blocking"]
 METHOD_TITLES = {
-    "batch_state": "pinstage, batch state",
-    "list": "pinstage, list of requests",
-    "pinned": "pinned + non_blocking",
-    "blocking": "blocking torch.tensor",
+    "batch_state": "numpy state, pinstage",
+    "vllm_state": "numpy state, vLLM CpuGpuBuffer (unsafe)",
+    "sglang_state": "numpy state, SGLang pinned per column",
+    "list": "requests, pinstage",
+    "pinned": "requests, pinned + non_blocking",
+    "blocking": "requests, blocking torch.tensor",
 }
+# Table headers, short enough for a 120-column terminal (the legend under the table spells them out).
+METHOD_HEADERS = {"batch_state": "S-pinstage", "vllm_state": "S-vLLM", "sglang_state": "S-SGLang",
+                  "list": "R-pinstage", "pinned": "R-pinned", "blocking": "R-blocking"}
+BUILDER_TITLES = {"penalty_last_token_ids": "penalty_ids", "logits": "logits*"}
+PANEL_TITLES = {"logits": "logits (numpy state, pinstage: the list builder fed numpy)"}
 # Checks (ratios within one run, on a GPU).
 STATE_OVER_PINNED_AT_256 = 1 / 10
 STATE_1024_OVER_1 = 2.0
@@ -81,6 +98,46 @@ def cache_batch(rng, bs, device):
     return table, list(range(bs)), prefix_tensors, prefix_lens, seq_lens, extend_lens, out_cache_loc
 
 
+# The BatchState columns each per-step builder copies, in its order (penalties only when some request has one).
+STATE_FIELDS = {
+    "decode_inputs": [("last_token_ids", torch.int64), ("seq_lens", torch.int64), ("req_pool_indices", torch.int64)],
+    "penalty_last_token_ids": [("last_token_ids", torch.int64)],
+    "sampling": [("temperatures", torch.float32), ("top_ps", torch.float32), ("top_ks", torch.int32),
+                 ("min_ps", torch.float32), ("seeds", torch.int64), ("penalties", torch.float32)],
+}
+
+
+def numpy_state_calls(state, builder, device):
+    """{method: call} copying the same columns as the batch-state builder the ways engines copy
+    numpy state today, each giving the builder's result type (checked equal to it)."""
+    fields = [(n, dt) for n, dt in STATE_FIELDS[builder] if n != "penalties" or state.need_penalties]
+    buffers = {n: CpuGpuBuffer.empty(state.column(n).shape, dt, device) for n, dt in fields}
+
+    def assemble(tensors):
+        if builder == "decode_inputs":
+            return DecodeInputs(*tensors)
+        if builder == "penalty_last_token_ids":
+            return tensors[0]
+        flags = (state.is_all_greedy, state.need_top_p, state.need_top_k, state.need_min_p)
+        return SamplingBatch.from_staged(tensors, with_seeds=True, with_penalties=state.need_penalties, flags=flags)
+
+    return {
+        "vllm_state": lambda: assemble([buffers[n].write(state.column(n)) for n, _ in fields]),
+        "sglang_state": lambda: assemble([pinned_tensor(state.column(n), dt, device) for n, dt in fields]),
+    }
+
+
+def _same(a, b):
+    """Results of two methods are equal (tensors by value, flags and None alike)."""
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a.cpu(), b.cpu())
+    if hasattr(a, "__dataclass_fields__"):
+        return all(_same(getattr(a, f), getattr(b, f)) for f in a.__dataclass_fields__)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
 def builder_calls(rng, bs, device):
     """builder -> {method: call} on fixed data (a method a builder does not have is left out)."""
     requests = decode_requests(rng, bs)
@@ -95,17 +152,20 @@ def builder_calls(rng, bs, device):
     def by_backend(fn):
         return {"list": lambda: fn("pinstage"), "pinned": lambda: fn("pinned"), "blocking": lambda: fn("blocking")}
 
-    return {
+    calls = {
         "decode_inputs": dict(
             batch_state=lambda: state.decode_inputs(device=device),
+            **numpy_state_calls(state, "decode_inputs", device),
             **by_backend(lambda b: build_decode_inputs(requests, backend=b, device=device)),
         ),
         "penalty_last_token_ids": dict(
             batch_state=lambda: state.penalty_last_token_ids(device=device),
+            **numpy_state_calls(state, "penalty_last_token_ids", device),
             **by_backend(lambda b: build_penalty_last_token_ids(requests, backend=b, device=device)),
         ),
         "sampling": dict(
             batch_state=lambda: state.sampling_batch(enable_deterministic_sampling=True, device=device),
+            **numpy_state_calls(state, "sampling", device),
             **by_backend(lambda b: build_sampling_batch(params, enable_deterministic_sampling=True, backend=b,
                                                         device=device)),
         ),
@@ -115,20 +175,29 @@ def builder_calls(rng, bs, device):
         ),
         "write_cache_indices": by_backend(lambda b: write_cache_indices(*cache_args, backend=b)),
     }
+    for builder, methods in calls.items():
+        if builder in STATE_FIELDS:
+            expected = methods["batch_state"]()
+            for name in ("vllm_state", "sglang_state", "list"):
+                assert _same(expected, methods[name]()), "%s: %s differs from the batch state's" % (builder, name)
+    return calls
 
 
 def measure(calls, repeats, sample_ms):
-    """name -> call: per-call microsecond samples of each, taken in turn (one of each per round)."""
+    """name -> call: per-call microsecond samples of each, taken in turn (one of each per round, the
+    order rotated every round), with no device synchronisation in between."""
     loops = {}
     for name, call in calls.items():
         for _ in range(3):
             call()
         loops[name] = _timing.calls_for_duration(_timing.estimate_call_ns(call, 100_000), sample_ms * 1e6)
-    samples = {name: [] for name in calls}
+    names = list(calls)
+    samples = {name: [] for name in names}
     with _timing.GcPaused():
-        for _ in range(repeats):
-            for name, call in calls.items():
-                samples[name].append(_timing.loop_ns(call, loops[name]) / loops[name])
+        for round_index in range(repeats):
+            shift = round_index % len(names)
+            for name in names[shift:] + names[:shift]:
+                samples[name].append(_timing.loop_ns(calls[name], loops[name]) / loops[name])
     return {name: _timing.summarize_ns(s) for name, s in samples.items()}
 
 
@@ -157,6 +226,24 @@ def checks(rows, on_gpu):
     return out
 
 
+def print_table(rows, repeats):
+    table = [["builder", "bs"] + [METHOD_HEADERS[m] for m in METHODS] + ["layout", "ring"]]
+    for r in rows:
+        us = r["us"]
+        cells = [_report.fmt_us_pm(us[m], r["spread"][m]) if m in us else "-" for m in METHODS]
+        layout = _report.fmt_ratio(us["pinned"] / us["sglang_state"]) if "sglang_state" in us else "-"
+        ring = _report.fmt_ratio(us["sglang_state"] / us["batch_state"]) if "sglang_state" in us else "-"
+        table.append([BUILDER_TITLES.get(r["builder"], r["builder"]), r["bs"]] + cells + [layout, ring])
+    _report.print_table(table)
+    print(f"Host us per call: median ±largest distance of a sample from it, {repeats} samples per cell.")
+    print("S-: numpy state (BatchState's columns), R-: request objects (a Python gather each call):")
+    for m in METHODS:
+        print(f"  {METHOD_HEADERS[m]:<10} {METHOD_TITLES[m]}")
+    print("layout = R-pinned / S-SGLang: what the numpy state buys, with the same copies;\n"
+          "ring = S-SGLang / S-pinstage: what pinstage buys on the same numpy state.")
+    print("* logits has no batch state: its S-pinstage column is the list builder fed numpy arrays.")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write the results here (and a PNG plot beside it)")
@@ -169,9 +256,9 @@ def main():
     device = "cuda" if on_gpu else "cpu"
     meta = _report.machine_meta()
     print(f"Builders: host microseconds per call on {meta['gpu'] or meta['cpu']} (device={device}, torch "
-          f"{meta['torch']}), median of {args.repeats} samples, min-max in brackets")
+          f"{meta['torch']})")
     if not on_gpu:
-        print("No GPU: this ran on the CPU, where 'pinned' is a plain torch.tensor; the ratios do not measure "
+        print("No GPU: this ran on the CPU, where 'pinned' is a plain torch.tensor; the ratios do not measure\n"
               "staging. Run on a GPU for the figures that count.")
 
     rows = []
@@ -179,29 +266,19 @@ def main():
     for bs in sizes:
         for builder, calls in builder_calls(random.Random(bs), bs, device).items():
             stats = measure(calls, args.repeats, args.sample_ms)
-            if on_gpu:
-                torch.cuda.synchronize()
             rows.append(dict(builder=builder, bs=bs, us={m: s["median_us"] for m, s in stats.items()},
                              spread={m: [s["min_us"], s["max_us"]] for m, s in stats.items()}))
             print(f"  measured {builder} bs {bs}", file=sys.stderr, flush=True)
 
-    table = [["builder", "bs"] + [METHOD_TITLES[m] for m in METHODS] + ["pinned / batch state", "pinned / list"]]
-    for r in rows:
-        us = r["us"]
-        cells = [_report.fmt_us(us[m], r["spread"][m]) if m in us else "-" for m in METHODS]
-        ratios = [_report.fmt_ratio(us["pinned"] / us[m]) if m in us else "-" for m in ("batch_state", "list")]
-        table.append([r["builder"], r["bs"]] + cells + ratios)
-    _report.print_table(table)
-    print("(batch state: BatchState's per-step builders, one stage_many of numpy column slices; list of requests: "
-          "the same builders over Request objects, a Python gather plus one stage_many; logits takes numpy "
-          "lengths in the batch-state column)")
+    print_table(rows, args.repeats)
     found = checks(rows, on_gpu)
     _report.print_checks(found)
     if args.json:
         _report.write_json(args.json, dict(meta=meta, device=device, repeats=args.repeats, sample_ms=args.sample_ms,
                                            methods=METHOD_TITLES, results=rows, checks=found))
-        panels = [(builder, {METHOD_TITLES[m]: [(r["bs"], r["us"][m]) for r in rows if r["builder"] == builder and m in r["us"]]
-                             for m in METHODS})
+        panels = [(PANEL_TITLES.get(builder, builder),
+                   {METHOD_TITLES[m]: [(r["bs"], r["us"][m]) for r in rows if r["builder"] == builder and m in r["us"]]
+                    for m in METHODS})
                   for builder in sorted({r["builder"] for r in rows})]
         _report.plot_panels(os.path.splitext(args.json)[0] + ".png", panels, meta, xlabel="batch size",
                             title="Builders: host time per call", panel_width=4)

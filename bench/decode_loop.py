@@ -2,59 +2,94 @@
 """An overlap scheduler in miniature: continuous batching over a small decoder, each backend's way of
 getting the per-step host data onto the GPU, side by side in one process with one workload.
 
-Per decode step the host builds step k+1's inputs while the GPU runs step k: seq_lens,
-req_pool_indices and out_cache_loc for the decode graph, and the sampling batch (temperatures,
-top-p/top-k/min-p, penalties) for the sampler. The next input ids stay on the device (the sampled
-tokens of the step before); the sampled tokens come back to the host one step late and are recorded
-per request. Requests arrive in bursts, are prefilled (write_cache_indices fills req_to_token from
-a shared cached prefix and the new slots; some want input logprobs, so the logits indices are built),
-decode with mixed greedy / sampled settings and penalties, and finish at different lengths.
+Per decode step the host prepares step k+1's inputs while the GPU runs step k. The decode step
+(forward, logits, penalties, temperature, top-k/top-p/min-p, sampling) is one CUDA graph per
+batch-size bucket, padded with a calibrated busy-wait kernel so that it takes --forward-ms; its
+static inputs are seq_lens, req_pool_indices, out_cache_loc and seven sampling parameters per
+request (all laid out by pinstage.StaticInputs where this pinstage has it), and the input ids, which
+stay on the device (the tokens sampled the step before, one device-to-device copy for every backend).
+The sampled tokens come back to the host one step late. Requests arrive in bursts and are
+prefilled eagerly (write_cache_indices from a shared cached prefix, logits indices for the input
+logprobs some ask for), decode with mixed greedy / sampled settings and penalties, and finish at
+different lengths.
 
-The device step: a decoder of a few layers (attention over a KV cache through req_to_token) captured
-in a CUDA graph per batch-size bucket, its static inputs filled by a device copy (blocking, pinned,
-pinstage over request lists) or by pinstage.stage_into (pinstage over batch state), padded with a
-calibrated busy-wait kernel inside the graph so that a step takes --forward-ms; then penalties,
-temperature, top-k/top-p/min-p and sampling, eager.
-
-Backends:
-  blocking        list-of-requests builders with torch.tensor(..., device=): waits for the GPU
-  pinned          list-of-requests builders, pinned tensors + .to(non_blocking=True)
-  pinstage_list   list-of-requests builders on pinstage (a Python gather, one stage_many each)
-  pinstage_state  BatchState builders (numpy columns, one stage_many each) and stage_into
-  ideal           the same device work with every input already on the device (no host preparation)
-Every backend must generate the same tokens (asserted). Results: tokens/s, steps/s, host time per
-step spent preparing inputs, and the GPU's idle fraction between steps (CUDA events).
+Every backend writes the same static inputs before the same replay; they differ in where the host
+values come from and how they reach the device (the table's legend says which pays what):
+  blocking         request objects -> torch.tensor -> blocking copy, one per field
+  pinned           request objects -> pinned tensor -> non_blocking copy, one per field (SGLang's lists)
+  pinstage_list    request objects -> pinstage.stage_into, one per field
+  sglang_state     numpy state -> a pinned tensor per column -> non_blocking copy (SGLang 0.5.23's numpy path)
+  vllm_buffer      numpy state -> persistent pinned buffer per field -> copy_to_gpu(n) (vLLM's CpuGpuBuffer;
+                   it rewrites pinned memory an earlier copy may still read: timing only)
+  pinstage_state   numpy state -> pinstage.stage_into, one per field
+  pinstage_static  numpy state -> pinstage.StaticInputs.stage: every field in one copy
+  ideal_same_host  the state backends' host work (bookkeeping, the values), then one device-to-device
+                   copy of inputs recorded on the device: its ratio to a state backend is staging alone
+  ideal            no host preparation at all: recorded device inputs, one device-to-device copy
+"numpy state" is BatchState's columns (written when a request joins, compacted when requests leave);
+"request objects" is a Python gather over the running requests each step. Prefill inputs and the
+tokens' keep indices go through the list builders of the backend's kind (blocking, pinned or
+pinstage); the ideals replay them. Each backend runs --repeats times, in an order rotated between
+rounds; medians and min-max are reported. Every backend must generate the same tokens (asserted;
+vllm_buffer's differences are counted, as its race may show).
 """
 import argparse
 import dataclasses
 import os
+import statistics
 import sys
 import time
-from typing import Dict, List, NamedTuple
+from typing import Dict, List, NamedTuple, Optional
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 import _report  # noqa: E402
+from _baselines import CpuGpuBuffer  # noqa: E402
 import pinstage  # noqa: E402
+from _decode_model import DecodeGraphs, SamplerInputs, Snapshot, TinyDecoder, sample, sleep_cycles_per_us  # noqa: E402
 from pinstage.builders import (  # noqa: E402
-    BatchState, Request, SamplingParams, build_decode_inputs, build_logprob_indices, build_sampling_batch,
-    write_cache_indices,
+    BatchState, Request, SamplingParams, build_logprob_indices, build_sampling_batch, write_cache_indices,
 )
 
-BACKENDS = ["blocking", "pinned", "pinstage_list", "pinstage_state"]
+
+class Backend(NamedTuple):
+    source: Optional[str]  # "requests": lists gathered from request objects; "state": BatchState's columns
+    copy: str  # how the values reach the static inputs
+    builders: str  # prefill builders and keep indices: "blocking", "pinned", "pinstage", or "replay" (recorded)
+    title: str
+
+
+BACKENDS = {
+    "blocking": Backend("requests", "blocking", "blocking", "requests -> blocking torch.tensor copy per field"),
+    "pinned": Backend("requests", "pinned", "pinned", "requests -> pinned tensor + non_blocking copy per field"),
+    "pinstage_list": Backend("requests", "stage_into", "pinstage", "requests -> pinstage.stage_into per field"),
+    "sglang_state": Backend("state", "pinned", "pinned", "numpy state -> pinned tensor per column (SGLang 0.5.23)"),
+    "vllm_buffer": Backend("state", "vllm_buffer", "pinned",
+                           "numpy state -> vLLM CpuGpuBuffer.copy_to_gpu per field (unsafe on reuse)"),
+    "pinstage_state": Backend("state", "stage_into", "pinstage", "numpy state -> pinstage.stage_into per field"),
+    "pinstage_static": Backend("state", "static_inputs", "pinstage",
+                               "numpy state -> pinstage.StaticInputs.stage: one copy"),
+    "ideal_same_host": Backend("state", "snapshot", "replay", "ideal, same host work: state bookkeeping, no staging"),
+    "ideal": Backend(None, "snapshot", "replay", "ideal: no host preparation, inputs already on the device"),
+}
+RECORDER = "pinstage_state"  # the untimed run whose device inputs the ideals replay
 PENDING = -1  # an output token sampled on the device, not read back yet
 
 # Checks (same run, H200).
-STAGE_OVER_BLOCKING_SMALL = 1.25  # either pinstage path, bs 1-8, 0.2 ms forward
-STATE_OVER_PINNED_256 = 1.15  # batch state, bs 256, 0.2 ms
-STATE_OF_IDEAL_1MS = 0.97
-STATE_OF_IDEAL_256_02MS = 0.90
+STATIC_OF_SAME_HOST = 0.99  # pinstage_static / ideal_same_host, 0.2 and 1 ms, every batch size
+STATIC_OF_IDEAL_1MS = 0.97  # pinstage_static / ideal, 1 ms
+STATE_OF_IDEAL_1MS = 0.97  # pinstage_state / ideal, 1 ms
+STAGE_OVER_BLOCKING_SMALL = 1.25  # pinstage_list and pinstage_state / blocking, bs 1-8, 0.2 ms
+
+
+def available_backends():
+    """Every backend this pinstage can run (StaticInputs is newer than the rest)."""
+    return [name for name in BACKENDS if name != "pinstage_static" or hasattr(pinstage, "StaticInputs")]
 
 
 @dataclasses.dataclass
@@ -108,207 +143,6 @@ def make_workload(cfg, count):
     return specs
 
 
-# --------------------------------------------------------------------------------------------- model
-
-class TinyDecoder:
-    """Embedding, a few pre-norm attention + MLP layers over a KV cache addressed through
-    req_to_token (slot = req_to_token[row, position]), and the logits."""
-
-    def __init__(self, cfg, device):
-        g = torch.Generator(device="cpu").manual_seed(cfg.seed)
-        d, h = cfg.d_model, cfg.n_heads
-        dt = torch.bfloat16 if device.type == "cuda" else torch.float32
-
-        def w(*shape, scale=0.05):
-            return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dt)
-
-        self.cfg, self.device, self.dtype = cfg, device, dt
-        self.embed = w(cfg.vocab, d, scale=1.0)
-        self.layers = [dict(qkv=w(d, 3 * d), out=w(d, d), up=w(d, 4 * d), down=w(4 * d, d)) for _ in range(cfg.n_layers)]
-        self.lm_head = w(d, cfg.vocab)
-        self.rows = 2 * cfg.batch_size + 8  # request rows; then the shared prefix's row and a padding row
-        self.prefix_row, self.pad_row = self.rows, self.rows + 1
-        self.req_to_token = torch.zeros((self.rows + 2, cfg.max_ctx), dtype=torch.int32, device=device)
-        slots = (self.rows + 2) * cfg.max_ctx
-        self.k_cache = [torch.zeros((slots, h, d // h), dtype=dt, device=device) for _ in self.layers]
-        self.v_cache = [torch.zeros((slots, h, d // h), dtype=dt, device=device) for _ in self.layers]
-
-    def reset(self):
-        """Empty req_to_token and the KV cache (in place: the decode graphs hold these tensors), so
-        that a run reads only what its own cache builder wrote."""
-        self.req_to_token.zero_()
-        for cache in self.k_cache + self.v_cache:
-            cache.zero_()
-
-    def _attend(self, q, layer, rows, positions):
-        """q [n, h, dh] of tokens at `positions` of requests in req_to_token `rows`: attention over
-        positions 0..position of each."""
-        cfg = self.cfg
-        slots = self.req_to_token[rows].long()  # [n, max_ctx]
-        k = self.k_cache[layer][slots]  # [n, max_ctx, h, dh]
-        v = self.v_cache[layer][slots]
-        scores = torch.einsum("nhd,nchd->nhc", q, k).float() / (q.shape[-1] ** 0.5)
-        mask = torch.arange(cfg.max_ctx, device=q.device)[None, :] > positions[:, None]
-        scores = scores.masked_fill(mask[:, None, :], float("-inf"))
-        return torch.einsum("nhc,nchd->nhd", scores.softmax(-1).to(v.dtype), v)
-
-    def forward(self, input_ids, rows, positions, out_cache_loc):
-        """Tokens at `positions` of requests in `rows`; their K/V go to slots out_cache_loc. Returns
-        the final hidden states [n, d]."""
-        cfg = self.cfg
-        hd = cfg.d_model // cfg.n_heads
-        # Each token's slot in its row of req_to_token (prefill rows were filled by write_cache_indices
-        # already; a decode token's slot is written here, as SGLang's decode does).
-        self.req_to_token[rows, positions] = out_cache_loc.to(torch.int32)
-        x = self.embed[input_ids]
-        n = x.shape[0]
-        for i, layer in enumerate(self.layers):
-            hn = F.rms_norm(x, (cfg.d_model,))
-            q, k, v = (hn @ layer["qkv"]).split(cfg.d_model, dim=-1)
-            self.k_cache[i][out_cache_loc] = k.reshape(n, cfg.n_heads, hd)
-            self.v_cache[i][out_cache_loc] = v.reshape(n, cfg.n_heads, hd)
-            a = self._attend(q.reshape(n, cfg.n_heads, hd), i, rows, positions).reshape(n, cfg.d_model)
-            x = x + a @ layer["out"]
-            x = x + F.gelu(F.rms_norm(x, (cfg.d_model,)) @ layer["up"]) @ layer["down"]
-        return F.rms_norm(x, (cfg.d_model,))
-
-    def logits(self, hidden):
-        return (hidden @ self.lm_head).float()
-
-
-class DecodeGraphs:
-    """The decode step (forward + logits) per batch-size bucket: a CUDA graph over static inputs
-    (input_ids, seq_lens, req_pool_indices, out_cache_loc), padded with a busy-wait kernel to the
-    target step time. On the CPU, plain calls."""
-
-    BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
-
-    def __init__(self, model, forward_ms, cycles_per_us):
-        self.model, self.forward_ms, self.cycles_per_us = model, forward_ms, cycles_per_us
-        self.entries = {}
-
-    def inputs(self, bs):
-        """The static inputs of bs's bucket, entries bs.. reset to the padding row (entries a larger
-        batch filled before would otherwise write K/V into live requests' slots)."""
-        e = self._entry(next(b for b in self.BUCKETS if b >= bs))
-        if e["filled"] > bs:
-            m = self.model
-            e["inputs"][1][bs:].fill_(1)
-            e["inputs"][2][bs:].fill_(m.pad_row)
-            e["inputs"][3][bs:].fill_(m.pad_row * m.cfg.max_ctx)
-        e["filled"] = bs
-        return e["inputs"]
-
-    def run(self, bs):
-        e = self._entry(next(b for b in self.BUCKETS if b >= bs))
-        if e["graph"] is None:
-            e["out"] = self._step(e["inputs"], 0)
-        else:
-            e["graph"].replay()
-        return e["out"][:bs]
-
-    def _step(self, inputs, pad_cycles):
-        input_ids, seq_lens, rows, out_loc = inputs
-        hidden = self.model.forward(input_ids, rows, seq_lens - 1, out_loc)
-        if pad_cycles:
-            torch.cuda._sleep(pad_cycles)
-        return self.model.logits(hidden)
-
-    def _entry(self, bucket):
-        if bucket in self.entries:
-            return self.entries[bucket]
-        m = self.model
-        dev = m.device
-        inputs = (
-            torch.zeros(bucket, dtype=torch.int64, device=dev),
-            torch.ones(bucket, dtype=torch.int64, device=dev),
-            torch.full((bucket,), m.pad_row, dtype=torch.int64, device=dev),
-            torch.full((bucket,), m.pad_row * m.cfg.max_ctx, dtype=torch.int64, device=dev),
-        )
-        entry = {"inputs": inputs, "graph": None, "out": None, "filled": 0}
-        if dev.type == "cuda":
-            entry["graph"], entry["out"] = self._capture(inputs)
-        self.entries[bucket] = entry
-        return entry
-
-    def _capture(self, inputs):
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                self._step(inputs, 0)
-        torch.cuda.current_stream().wait_stream(side)
-        bare = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(bare):
-            self._step(inputs, 0)
-        pad_us = max(0.0, self.forward_ms * 1000.0 - 1000.0 * _replay_ms(bare))
-        del bare
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = self._step(inputs, int(pad_us * self.cycles_per_us))
-        return graph, out
-
-
-def _replay_ms(graph, n=20):
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(n):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / n
-
-
-def sleep_cycles_per_us():
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(2):
-        start.record()
-        torch.cuda._sleep(20_000_000)
-        end.record()
-        end.synchronize()
-    return 20_000_000 / (start.elapsed_time(end) * 1000.0)
-
-
-# ------------------------------------------------------------------------------------------- sampling
-
-def sample(logits, batch, rows, counts, generator):
-    """Penalties (from the output-token counts of each request's row), temperature, top-k / top-p /
-    min-p and sampling, as SGLang's sampler and penalizers apply them; greedy rows take the argmax.
-    No operation here waits for the GPU: sampling is an exponential race (argmax of p / Exp(1)) rather
-    than torch.multinomial, and the counts grow by scatter_add_ rather than index_put_(accumulate=True),
-    both of which synchronise on CUDA."""
-    if batch.penalties is not None:
-        c = counts[rows].float()  # [bs, vocab]
-        freq, pres, rep = batch.penalties.unbind(-1)
-        logits = logits - freq[:, None] * c - pres[:, None] * (c > 0)
-        scale = torch.where(c > 0, rep[:, None], torch.ones_like(logits))
-        logits = torch.where(logits < 0, logits * scale, logits / scale)
-    greedy = logits.argmax(-1)
-    if batch.is_all_greedy:
-        tokens = greedy
-    else:
-        probs = (logits / batch.temperatures).softmax(-1)
-        race = torch.empty_like(probs).exponential_(generator=generator).clamp_(min=1e-20)
-        if batch.need_top_p or batch.need_top_k or batch.need_min_p:
-            sorted_probs, order = probs.sort(-1, descending=True)
-            keep = torch.ones_like(sorted_probs, dtype=torch.bool)
-            if batch.need_top_k:
-                keep &= torch.arange(probs.shape[-1], device=probs.device)[None, :] < batch.top_ks[:, None]
-            if batch.need_top_p:
-                keep &= (sorted_probs.cumsum(-1) - sorted_probs) < batch.top_ps[:, None]
-            if batch.need_min_p:
-                keep &= sorted_probs >= batch.min_ps[:, None] * sorted_probs[:, :1]
-            sampled = order.gather(-1, (sorted_probs * keep / race).argmax(-1, keepdim=True)).squeeze(-1)
-        else:
-            sampled = (probs / race).argmax(-1)
-        tokens = torch.where(batch.top_ks == 1, greedy, sampled)
-    flat = rows * counts.shape[1] + tokens
-    counts.view(-1).scatter_add_(0, flat, torch.ones_like(flat, dtype=counts.dtype))
-    return tokens
-
-
 # ---------------------------------------------------------------------------------------- the loop
 
 class Running:
@@ -331,6 +165,7 @@ class PrefillInputs(NamedTuple):
     positions: torch.Tensor
     out_cache_loc: torch.Tensor
     req_rows: torch.Tensor
+    seq_lens: torch.Tensor
     indices: object
     batch: object
     cache_rows: tuple = None  # (rows, prefix slot tensors, extend_lens, out_cache_loc): write_cache_indices's input
@@ -339,7 +174,7 @@ class PrefillInputs(NamedTuple):
 
 def for_the_ideal(recorded):
     """A run's recorded inputs with each prefill's cache write turned into device index tensors
-    (made before the ideal's timed run), so that the ideal does that write without host work."""
+    (made before the ideals' timed runs), so that the ideals do that write without host work."""
     out = []
     for item in recorded:
         if isinstance(item, PrefillInputs):
@@ -358,44 +193,50 @@ def for_the_ideal(recorded):
 
 class Loop:
     """One backend's run over the workload. Each step's host preparation is timed; with `record`
-    the device inputs are kept, and with `replay` they are used instead of preparing any (the ideal)."""
+    the device inputs are kept (a snapshot of the static inputs per decode step), and with `replay`
+    they are used instead of staging any (the ideals)."""
 
     def __init__(self, backend, cfg, model, graphs, specs, record=None, replay=None):
-        self.backend, self.cfg, self.model, self.graphs = backend, cfg, model, graphs
+        self.backend, self.kind, self.cfg, self.model, self.graphs = backend, BACKENDS[backend], cfg, model, graphs
         self.dev = model.device
         self.cuda = self.dev.type == "cuda"
-        self.builder_backend = "pinstage" if backend.startswith("pinstage") else backend
         self.pending_specs = list(specs)
         self.running: List[Running] = []
-        self.state = BatchState(capacity=2 * cfg.batch_size) if backend == "pinstage_state" else None
+        self.state = BatchState(capacity=2 * cfg.batch_size) if self.kind.source == "state" else None
+        self.vllm = {name: CpuGpuBuffer(graphs.inputs[name]) for name in graphs.fields} \
+            if self.kind.copy == "vllm_buffer" else None
         self.free_rows = list(range(model.rows))
         self.tokens: Dict[int, List[int]] = {}
-        self.generator = torch.Generator(device=self.dev).manual_seed(cfg.seed)
-        self.counts = torch.zeros((model.rows + 2, cfg.vocab), dtype=torch.int32, device=self.dev)
         self.next_ids = torch.zeros(0, dtype=torch.int64, device=self.dev)
         self.inflight = []  # (read-back handle, request ids in batch order)
         self.prep_s, self.step_prep, self.step_events = [], 0.0, []
-        self.record, self.replay = record, replay
+        self.record, self.replay = record, None if replay is None else iter(replay)
         self.filling = True  # until the batch first reaches its size, requests are admitted every step
+        self.filled = 0  # rows of the static inputs holding live addresses (the per-field copies pad the rest)
         self.step_index = 0
+        graphs.reset_inputs()
         model.reset()
         self.prefix_slots = self._make_prefix()
 
-    def prepared(self, build):
-        """build()'s device inputs (timed as host preparation), or the recorded ones when replaying."""
-        if self.replay is not None:
-            return self.replay.pop(0)
+    def prepared(self, build, host_work=None):
+        """build()'s device inputs, or the recorded ones when replaying (after `host_work()`, the
+        host's own part, for ideal_same_host); timed as host preparation."""
         t0 = time.perf_counter()
-        value = build()
+        if self.replay is not None:
+            if host_work is not None and self.kind.source is not None:
+                host_work()
+            value = next(self.replay)
+        else:
+            value = build()
+            if self.record is not None:
+                self.record.append(value)
         self.step_prep += time.perf_counter() - t0
-        if self.record is not None:
-            self.record.append(value)
         return value
 
     def stage(self, items):
         from pinstage.builders._backend import stage
 
-        return stage(items, self.builder_backend, None, self.dev)
+        return stage(items, self.kind.builders, None, self.dev)
 
     def _make_prefix(self):
         """The shared cached prefix (a system prompt): its K/V computed once into its own row's slots."""
@@ -422,7 +263,7 @@ class Loop:
 
     def prefill_inputs(self, new):
         m, max_ctx = self.model, self.cfg.max_ctx
-        b = self.builder_backend
+        b = self.kind.builders
         rows = [r.request.req_pool_idx for r in new]
         prefix_lens = [r.prefix_len for r in new]
         extend_lens = [len(r.spec.prompt) for r in new]
@@ -430,68 +271,97 @@ class Loop:
         starts = [r.spec.logprob_start for r in new]
         token_rows = [row for row, e in zip(rows, extend_lens) for _ in range(e)]
         positions = [p + i for p, e in zip(prefix_lens, extend_lens) for i in range(e)]
-        ids, rows_d, pos_d, loc_d, req_rows = self.stage([
+        ids, rows_d, pos_d, loc_d, req_rows, seq_d = self.stage([
             ([t for r in new for t in r.spec.prompt], torch.int64),
             (token_rows, torch.int64),
             (positions, torch.int64),
             ([row * max_ctx + pos for row, pos in zip(token_rows, positions)], torch.int64),
             (rows, torch.int64),
+            (seq_lens, torch.int64),
         ])
         if self.state is not None:
-            indices = build_logprob_indices(np.array(extend_lens), np.array(starts), device=self.dev)
+            indices = build_logprob_indices(np.array(extend_lens), np.array(starts), backend=b, device=self.dev)
         else:
             indices = build_logprob_indices(extend_lens, starts, backend=b, device=self.dev)
         batch = build_sampling_batch([r.spec.params for r in new], backend=b, device=self.dev)
         prefixes = [self.prefix_slots[: r.prefix_len] for r in new]
         write_cache_indices(m.req_to_token, rows, prefixes, prefix_lens, seq_lens, extend_lens, loc_d, backend=b)
-        return PrefillInputs(ids, rows_d, pos_d, loc_d, req_rows, indices, batch, cache_rows=(rows, prefixes, extend_lens, loc_d))
+        return PrefillInputs(ids, rows_d, pos_d, loc_d, req_rows, seq_d, indices, batch,
+                             cache_rows=(rows, prefixes, extend_lens, loc_d))
 
     def prefill(self, staged):
         """Extends the new requests' prompts after their cached prefix and samples each one's first
-        token (with the input logprobs some of them asked for). Returns the first tokens (device)."""
-        ids, rows_d, pos_d, loc_d, req_rows, indices, batch = staged[:7]
-        m = self.model
-        if staged.cache_write is not None:  # the ideal: write_cache_indices's writes, from device tensors
-            m.req_to_token.index_put_(*staged.cache_write)
-        kept = m.logits(m.forward(ids, rows_d, pos_d, loc_d)[indices.pruned_row_indices])
-        kept[indices.input_logprob_indices].log_softmax(-1)  # the input logprobs an engine would return
-        return sample(kept[indices.sample_indices], batch, req_rows, self.counts, self.generator)
+        token (with the input logprobs some of them asked for), eagerly. Returns the first tokens."""
+        m, s = self.model, staged
+        if s.cache_write is not None:  # the ideals: write_cache_indices's writes, from device tensors
+            m.req_to_token.index_put_(*s.cache_write)
+        kept = m.logits(m.forward(s.ids, s.rows, s.positions, s.out_cache_loc)[s.indices.pruned_row_indices])
+        kept[s.indices.input_logprob_indices].log_softmax(-1)  # the input logprobs an engine would return
+        return sample(kept[s.indices.sample_indices], SamplerInputs.of_batch(s.batch), s.req_rows, s.seq_lens,
+                      m.counts)
 
     # ----- decode
 
-    def decode_inputs(self, static, bs):
-        """((seq_lens, req_pool_indices, out_cache_loc) on the device, sampling batch), staged the
-        backend's way. The batch-state backend writes the graph's static inputs with stage_into and
-        gives None for the first."""
+    def decode_values(self):
+        """This step's values of the static inputs' fields, in batch order: numpy column slices of
+        the batch state, or Python lists gathered from the request objects."""
         max_ctx = self.cfg.max_ctx
         if self.state is not None:
             st = self.state
-            seq, rows = st.column("seq_lens"), st.column("req_pool_indices")
-            pinstage.stage_into(seq, static[1][:bs])
-            pinstage.stage_into(rows, static[2][:bs])
-            pinstage.stage_into(rows * max_ctx + seq - 1, static[3][:bs])
-            return None, st.sampling_batch(device=self.dev)
-        b = self.builder_backend
-        inputs = build_decode_inputs([r.request for r in self.running], backend=b, device=self.dev)
-        (loc,) = self.stage([([r.request.req_pool_idx * max_ctx + r.seq_len - 1 for r in self.running], torch.int64)])
-        batch = build_sampling_batch([r.spec.params for r in self.running], backend=b, device=self.dev)
-        return (inputs.seq_lens, inputs.req_pool_indices, loc), batch
+            seq, rows, penalties = st.column("seq_lens"), st.column("req_pool_indices"), st.column("penalties")
+            return {
+                "seq_lens": seq, "req_pool_indices": rows, "out_cache_loc": rows * max_ctx + seq - 1,
+                "temperatures": st.column("temperatures"), "top_ps": st.column("top_ps"),
+                "top_ks": st.column("top_ks"), "min_ps": st.column("min_ps"),
+                "frequency_penalties": penalties[:, 0], "presence_penalties": penalties[:, 1],
+                "repetition_penalties": penalties[:, 2],
+            }
+        params = [r.spec.params for r in self.running]
+        rows = [r.request.req_pool_idx for r in self.running]
+        seq = [r.seq_len for r in self.running]
+        return {
+            "seq_lens": seq, "req_pool_indices": rows, "out_cache_loc": [w * max_ctx + s - 1 for w, s in zip(rows, seq)],
+            "temperatures": [p.temperature for p in params], "top_ps": [p.top_p for p in params],
+            "top_ks": [p.top_k for p in params], "min_ps": [p.min_p for p in params],
+            "frequency_penalties": [p.frequency_penalty for p in params],
+            "presence_penalties": [p.presence_penalty for p in params],
+            "repetition_penalties": [p.repetition_penalty for p in params],
+        }
 
-    def decode(self, staged, batch):
-        """The graph on the static inputs (filled from `staged` unless stage_into wrote them), then
-        sampling. Returns the sampled tokens (device)."""
-        bs = len(self.running)
-        static = self.graphs.inputs(bs)
-        if staged is not None:
-            for dst, src in zip(static[1:], staged):
-                dst[:bs].copy_(src, non_blocking=True)
-        static[0][:bs].copy_(self.next_ids, non_blocking=True)
-        return sample(self.graphs.run(bs), batch, static[2][:bs], self.counts, self.generator)
+    def write_inputs(self, bs):
+        """Writes this step's values into the graph's static inputs, the backend's way. Returns a
+        snapshot of them when recording (for the ideals), else None."""
+        values, inputs, copy = self.decode_values(), self.graphs.inputs, self.kind.copy
+        if copy == "static_inputs":
+            inputs.stage(values, bs)  # rows bs.. take each field's fill value in the same copy
+        else:
+            if self.filled > bs:
+                self.graphs.pad(bs, self.filled)
+            self.filled = bs
+            for name, v in values.items():
+                dst = inputs[name][:bs]
+                if copy == "stage_into":
+                    pinstage.stage_into(v, dst)
+                elif copy == "vllm_buffer":
+                    self.vllm[name].write(v)
+                elif copy == "pinned":
+                    dst.copy_(torch.tensor(v, dtype=dst.dtype, pin_memory=self.cuda), non_blocking=True)
+                else:  # blocking: from pageable memory, the host waits for the copy
+                    dst.copy_(torch.tensor(v, dtype=dst.dtype))
+        return Snapshot(inputs) if self.record is not None else None
+
+    def decode(self, snapshot, bs):
+        """The graph's replay on the static inputs (restored from `snapshot` by the ideals) and the
+        device's next input ids. Returns the sampled tokens (device)."""
+        if self.replay is not None:
+            snapshot.restore()
+        self.graphs.input_ids[:bs].copy_(self.next_ids, non_blocking=True)
+        return self.graphs.run(bs)
 
     # ----- bookkeeping
 
     def fetch(self, tokens, rids):
-        if self.backend.startswith("pinstage") or self.replay is not None:
+        if self.kind.builders in ("pinstage", "replay"):
             handle = pinstage.fetch_to_host(tokens)
         else:
             handle = _NonBlockingFetch(tokens)
@@ -522,10 +392,8 @@ class Loop:
                 self.state.add(r.request)
         if len(self.running) >= self.cfg.batch_size or not self.pending_specs:
             self.filling = False
-        decode_staged = None
-        if self.running:
-            bs = len(self.running)
-            decode_staged = self.prepared(lambda: self.decode_inputs(self.graphs.inputs(bs), bs))
+        bs = len(self.running)
+        snapshot = self.prepared(lambda: self.write_inputs(bs), self.decode_values) if bs else None
         if self.cuda:
             begin = torch.cuda.Event(enable_timing=True)
             begin.record()
@@ -533,35 +401,39 @@ class Loop:
             first = self.prefill(prefill_staged)
             self.fetch(first, [r.spec.rid for r in new])
             self.next_ids = torch.cat([self.next_ids, first])
-        if self.running:
-            tokens = self.decode(*decode_staged)
+        if bs:
+            tokens = self.decode(snapshot, bs)
             self.fetch(tokens, [r.spec.rid for r in self.running])
         if self.cuda:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
             self.step_events.append((begin, end))
-        if self.running:
-            for r in self.running:
-                r.generated += 1
-                r.request.output_ids.append(PENDING)
-            if self.state is not None:
-                self.state.append_tokens(np.full(len(self.running), PENDING, dtype=np.int64))
-            keep = [i for i, r in enumerate(self.running) if r.generated < r.spec.max_new_tokens]
-            if len(keep) < len(self.running):
-                for r in self.running:
-                    if r.generated >= r.spec.max_new_tokens:
-                        self.free_rows.append(r.request.req_pool_idx)
-                        self.counts[r.request.req_pool_idx].zero_()
-                self.running = [self.running[i] for i in keep]
-                if self.state is not None:
-                    self.state.filter(keep)
-                # The device tokens follow the batch: the kept rows' tokens feed the next step.
-                (keep_d,) = self.prepared(lambda: self.stage([(keep, torch.int64)]))
-                tokens = tokens[keep_d]
-            self.next_ids = tokens
+        if bs:
+            self.retire(tokens)
         self.prep_s.append(self.step_prep)
         self.read_back()
         self.step_index += 1
+
+    def retire(self, tokens):
+        """Every running request got a token; those at their length leave the batch, and the device
+        tokens follow the batch (the kept rows' tokens feed the next step)."""
+        for r in self.running:
+            r.generated += 1
+            r.request.output_ids.append(PENDING)
+        if self.state is not None:
+            self.state.append_tokens(np.full(len(self.running), PENDING, dtype=np.int64))
+        keep = [i for i, r in enumerate(self.running) if r.generated < r.spec.max_new_tokens]
+        if len(keep) < len(self.running):
+            for r in self.running:
+                if r.generated >= r.spec.max_new_tokens:
+                    self.free_rows.append(r.request.req_pool_idx)
+                    self.model.counts[r.request.req_pool_idx].zero_()
+            self.running = [self.running[i] for i in keep]
+            if self.state is not None:
+                self.state.filter(keep)
+            (keep_d,) = self.prepared(lambda: self.stage([(keep, torch.int64)]))
+            tokens = tokens[keep_d]
+        self.next_ids = tokens
 
     def done(self):
         return not self.running and not self.pending_specs
@@ -635,32 +507,60 @@ def gpu_idle_fraction(events):
     return gaps / span if span > 0 else None
 
 
-def run_config(cfg, dev, cycles_per_us):
-    """Every backend and the ideal on one (batch size, forward time); asserts equal tokens."""
+def rotated(names, round_index, rounds):
+    """The backends' order in one round: each round starts further along, so that no backend always
+    runs first (or right after the same neighbour) while the machine warms up or drifts."""
+    shift = (round_index * len(names)) // max(1, rounds)
+    return names[shift:] + names[:shift]
+
+
+def run_config(cfg, dev, cycles_per_us, repeats=3, backends=None):
+    """Every backend on one (batch size, forward time), `repeats` rounds in rotated order, after one
+    untimed run that records the device inputs the ideals replay. Asserts equal tokens."""
     specs = make_workload(cfg, 2 * cfg.batch_size + (cfg.warmup_steps + cfg.steps) * max(1, cfg.batch_size // 8) + 8)
     model = TinyDecoder(cfg, dev)
     graphs = DecodeGraphs(model, cfg.forward_ms, cycles_per_us)
-    results, reference, recorded = {}, None, []
-    for backend in BACKENDS:
-        tokens, metrics = run_backend(backend, cfg, model, graphs, specs,
-                                      record=recorded if backend == "pinstage_list" else None)
-        if reference is None:
-            reference = tokens
-        else:
-            _assert_same_tokens(backend, tokens, reference)
-        results[backend] = metrics
-        _progress(cfg, backend, metrics)
-    # The list run's device inputs are separate tensors: keeping them for the replay costs it nothing.
-    tokens, results["ideal"] = run_backend("ideal", cfg, model, graphs, specs, replay=for_the_ideal(recorded))
-    _assert_same_tokens("ideal", tokens, reference)
-    _progress(cfg, "ideal", results["ideal"])
-    return results
+    recorded = []
+    reference, _ = run_backend(RECORDER, cfg, model, graphs, specs, record=recorded)
+    replay = for_the_ideal(recorded)
+    names = list(backends or available_backends())
+    runs = {name: [] for name in names}
+    for round_index in range(repeats):
+        for name in rotated(names, round_index, repeats):
+            tokens, metrics = run_backend(name, cfg, model, graphs, specs,
+                                          replay=replay if BACKENDS[name].builders == "replay" else None)
+            metrics["requests_with_other_tokens"] = _other_tokens(name, tokens, reference)
+            runs[name].append(metrics)
+            _progress(cfg, name, metrics)
+    return summarize(runs)
 
 
-def _assert_same_tokens(backend, tokens, reference):
+def _other_tokens(backend, tokens, reference):
+    """How many requests got other tokens than the recorded run; any is an error but for the
+    vllm_buffer baseline, whose pinned buffers an in-flight copy may still read."""
     bad = sorted(rid for rid in set(reference) | set(tokens) if reference.get(rid) != tokens.get(rid))
-    assert not bad, "%s generated other tokens than %s for %d request(s), e.g. request %d: %s vs %s" % (
-        backend, BACKENDS[0], len(bad), bad[0], tokens.get(bad[0]), reference.get(bad[0]))
+    assert not bad or backend == "vllm_buffer", (
+        "%s generated other tokens than %s for %d request(s), e.g. request %d: %s vs %s"
+        % (backend, RECORDER, len(bad), bad[0], tokens.get(bad[0]), reference.get(bad[0])))
+    return len(bad)
+
+
+def summarize(runs):
+    """backend -> median and min-max of each metric over the rounds, and each round's fraction of the
+    ideal's tokens/s in the same round (rounds pair up, so a drift between rounds cancels)."""
+    out = {}
+    ideal = [m["tokens_per_s"] for m in runs.get("ideal", [])]
+    for name, metrics in runs.items():
+        summary = {"runs": metrics}
+        for key in ("tokens_per_s", "prep_us_per_step", "gpu_idle_fraction", "requests_with_other_tokens"):
+            values = [m[key] for m in metrics if m[key] is not None]
+            summary[key] = statistics.median(values) if values else None
+            summary[key + "_range"] = [min(values), max(values)] if values else None
+        fractions = [m["tokens_per_s"] / i for m, i in zip(metrics, ideal)]
+        summary["of_ideal"] = statistics.median(fractions) if fractions else None
+        summary["of_ideal_range"] = [min(fractions), max(fractions)] if fractions else None
+        out[name] = summary
+    return out
 
 
 def _progress(cfg, backend, m):
@@ -676,80 +576,115 @@ def checks(rows):
     by = {(r["batch_size"], r["forward_ms"]): r["backends"] for r in rows}
     out = []
 
-    def tps(bs, ms, backend):
-        return by[(bs, ms)][backend]["tokens_per_s"] if (bs, ms) in by else None
+    def ratio(bs, ms, a, b):
+        backends = by.get((bs, ms), {})
+        if a not in backends or b not in backends:
+            return None
+        return backends[a]["tokens_per_s"] / backends[b]["tokens_per_s"]
 
-    for bs in (1, 8):
-        for backend in ("pinstage_list", "pinstage_state"):
-            a, b = tps(bs, 0.2, backend), tps(bs, 0.2, "blocking")
-            r = None if a is None or b is None else a / b
-            out.append(_report.check("bs %d, 0.2 ms: %s / blocking tokens/s" % (bs, backend), r,
-                                     ">= %g" % STAGE_OVER_BLOCKING_SMALL, None if r is None else r >= STAGE_OVER_BLOCKING_SMALL))
-    a, b = tps(256, 0.2, "pinstage_state"), tps(256, 0.2, "pinned")
-    r = None if a is None or b is None else a / b
-    out.append(_report.check("bs 256, 0.2 ms: batch state / pinned tokens/s", r, ">= %g" % STATE_OVER_PINNED_256,
-                             None if r is None else r >= STATE_OVER_PINNED_256))
-    for (bs, ms), backends in sorted(by.items()):
-        need = STATE_OF_IDEAL_1MS if ms == 1.0 else STATE_OF_IDEAL_256_02MS if (bs, ms) == (256, 0.2) else None
-        if need is None:
-            continue
-        r = backends["pinstage_state"]["tokens_per_s"] / backends["ideal"]["tokens_per_s"]
-        out.append(_report.check("bs %d, %g ms: batch state / ideal tokens/s" % (bs, ms), r, ">= %.2f" % need, r >= need))
+    def add(what, r, need):
+        out.append(_report.check(what, r, ">= %g" % need, None if r is None else r >= need))
+
+    for (bs, ms) in sorted(by):
+        if ms in (0.2, 1.0):
+            add("bs %d, %g ms: pinstage_static / ideal_same_host tokens/s" % (bs, ms),
+                ratio(bs, ms, "pinstage_static", "ideal_same_host"), STATIC_OF_SAME_HOST)
+        if ms == 1.0:
+            add("bs %d, 1 ms: pinstage_static / ideal tokens/s" % bs, ratio(bs, ms, "pinstage_static", "ideal"),
+                STATIC_OF_IDEAL_1MS)
+            add("bs %d, 1 ms: pinstage_state / ideal tokens/s" % bs, ratio(bs, ms, "pinstage_state", "ideal"),
+                STATE_OF_IDEAL_1MS)
+        if ms == 0.2 and bs in (1, 8):
+            for backend in ("pinstage_list", "pinstage_state"):
+                add("bs %d, 0.2 ms: %s / blocking tokens/s" % (bs, backend), ratio(bs, ms, backend, "blocking"),
+                    STAGE_OVER_BLOCKING_SMALL)
     return out
 
 
-def print_table(rows):
-    names = BACKENDS + ["ideal"]
-    table = [["forward", "bs"] + ["%s tok/s" % n for n in names] + ["prep us/step (" + ", ".join(BACKENDS) + ")",
-                                                                    "GPU idle % (" + ", ".join(names) + ")"]]
-    for r in rows:
-        b = r["backends"]
-        table.append(["%.1f ms" % r["forward_ms"], r["batch_size"]] + ["%.0f" % b[n]["tokens_per_s"] for n in names]
-                     + [" / ".join("%.0f" % b[n]["prep_us_per_step"] for n in BACKENDS),
-                        " / ".join("-" if b[n]["gpu_idle_fraction"] is None else "%.0f" % (100 * b[n]["gpu_idle_fraction"])
-                                   for n in names)])
-    _report.print_table(table)
+def _fraction(s):
+    """0.989 [.979-.999]: a median fraction and its range over the rounds."""
+    lo, hi = s["of_ideal_range"]
+    return "%.3f [%s-%s]" % (s["of_ideal"], ("%.3f" % lo).lstrip("0"), ("%.3f" % hi).lstrip("0"))
+
+
+def print_tables(rows):
+    """Per forward time: each backend's tokens/s as a fraction of the ideal's (median [min-max] over
+    the rounds), and its median host preparation per step."""
+    names = [n for n in BACKENDS if n in rows[0]["backends"]]
+    for ms in sorted({r["forward_ms"] for r in rows}):
+        cells = [r for r in rows if r["forward_ms"] == ms]
+        print()
+        print("forward %.1f ms: tokens/s as a fraction of the ideal's, median [min-max] of %d rounds; "
+              "prep us per step" % (ms, len(cells[0]["backends"]["ideal"]["runs"])))
+        table = [["backend"] + ["bs %d" % r["batch_size"] for r in cells] + ["prep us (bs %s)" % "/".join(
+            str(r["batch_size"]) for r in cells)]]
+        for name in names:
+            table.append([name] + [_fraction(r["backends"][name]) for r in cells]
+                         + [" / ".join("%.0f" % r["backends"][name]["prep_us_per_step"] for r in cells)])
+        table.append(["ideal tokens/s"] + ["%.0f" % r["backends"]["ideal"]["tokens_per_s"] for r in cells] + [""])
+        _report.print_table(table)
+    print()
+    for name in names:
+        print("  %-16s %s" % (name, BACKENDS[name].title))
+    other = {(r["batch_size"], r["forward_ms"]): r["backends"]["vllm_buffer"]["requests_with_other_tokens_range"][1]
+             for r in rows if "vllm_buffer" in r["backends"]}
+    if any(other.values()):
+        print("  vllm_buffer generated other tokens (its race) at (bs, forward ms): %s" % {k: v for k, v in other.items() if v})
 
 
 def plot(path, rows, meta):
-    panels = [("forward %.1f ms" % ms, {name: [(r["batch_size"], r["backends"][name]["tokens_per_s"])
+    names = [n for n in BACKENDS if n != "ideal" and n in rows[0]["backends"]]
+    panels = [("forward %.1f ms" % ms, {name: [(r["batch_size"], r["backends"][name]["of_ideal"])
                                                for r in rows if r["forward_ms"] == ms]
-                                        for name in BACKENDS + ["ideal"]})
+                                        for name in names})
               for ms in sorted({r["forward_ms"] for r in rows})]
-    _report.plot_panels(path, panels, meta, xlabel="batch size", ylabel="tokens/s", title="Decode loop: tokens/s",
-                        panel_width=4.5, dashed={"ideal"})
+    _report.plot_panels(path, panels, meta, xlabel="batch size", ylabel="tokens/s / ideal's", yscale="linear",
+                        title="Decode loop: each backend as a fraction of the ideal", panel_width=4.5,
+                        dashed={"ideal_same_host"})
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch-sizes", default="1,8,64,256")
     p.add_argument("--forward-ms", default="0.2,1,5")
     p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--quick", action="store_true", help="fewer steps and sizes (a smoke run)")
+    p.add_argument("--repeats", type=int, default=3, help="rounds over every backend, in rotated order (>= 3 for "
+                   "the figures that count)")
+    p.add_argument("--backends", default=None, help="comma-separated subset (default: all this pinstage has; "
+                   "'ideal' is needed for the fractions)")
+    p.add_argument("--quick", action="store_true", help="fewer steps, sizes and rounds (a smoke run)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", default=os.path.join(HERE, "out", "decode_loop.json"))
     args = p.parse_args(argv)
     dev = torch.device(args.device)
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     forwards = [float(s) for s in args.forward_ms.split(",")]
-    steps = args.steps
+    steps, repeats = args.steps, args.repeats
+    backends = args.backends.split(",") if args.backends else available_backends()
+    unknown = sorted(set(backends) - set(available_backends()))
+    if unknown or "ideal" not in backends:
+        p.error("--backends: %s (available: %s; 'ideal' must be one)" % (
+            "unknown " + ", ".join(unknown) if unknown else "no ideal", ", ".join(available_backends())))
     if args.quick:
-        sizes, forwards, steps = [s for s in sizes if s in (1, 64)] or sizes[:1], forwards[:1], min(steps, 40)
+        sizes, forwards, steps, repeats = [s for s in sizes if s in (1, 64)] or sizes[:1], forwards[:1], min(steps, 40), 1
     cycles = sleep_cycles_per_us() if dev.type == "cuda" else 0.0
     meta = _report.machine_meta()
-    print("Decode loop on %s (torch %s): %d timed steps per run" % (meta["gpu"] or "the CPU", meta["torch"], steps))
+    print("Decode loop on %s (torch %s): %d timed steps per run, %d round(s) per backend" % (
+        meta["gpu"] or "the CPU", meta["torch"], steps, repeats))
     rows = []
     for ms in forwards:
         for bs in sizes:
             cfg = Config(batch_size=bs, forward_ms=ms, steps=steps, warmup_steps=5 if args.quick else 20)
-            rows.append({"batch_size": bs, "forward_ms": ms, "backends": run_config(cfg, dev, cycles)})
-    print_table(rows)
-    print("(tok/s: tokens generated per second of wall time; prep: host time per step building and staging the "
-          "step's inputs; GPU idle: share of the loop's span between one step's device work and the next's; ideal: "
-          "the same device work with every input already on the device)")
+            rows.append({"batch_size": bs, "forward_ms": ms,
+                         "backends": run_config(cfg, dev, cycles, repeats, backends)})
+    print_tables(rows)
+    print("(tokens/s: tokens generated per second of wall time; prep: host time per step preparing and staging the "
+          "step's inputs; ideal: the same device work with every input already on the device)")
     found = checks(rows) if dev.type == "cuda" else []
     _report.print_checks(found)
-    _report.write_json(args.json, {"meta": meta, "steps": steps, "results": rows, "checks": found})
+    _report.write_json(args.json, {"meta": meta, "steps": steps, "repeats": repeats,
+                                   "backends": {n: BACKENDS[n].title for n in backends}, "results": rows,
+                                   "checks": found})
     if dev.type == "cuda":
         plot(os.path.splitext(args.json)[0] + ".png", rows, meta)
 

@@ -12,9 +12,10 @@ up as host time). Sections:
   fetch       a device tensor -> host (int64, float32; 1, 256, 8192 values), enqueue only
 Without a GPU only the conversion runs (device="cpu"): lists and numpy arrays against torch.
 
-A sample is perf_counter_ns around a loop of calls sized to a few ms, after a warm-up; the median of
-the samples is reported in microseconds per call with the min-max spread. Ratios within one run are
-what to compare across machines.
+A sample is perf_counter_ns around a loop of calls sized to a few ms, after a warm-up; the methods
+of one cell take their samples in turn, in an order rotated every round; the median of the samples
+is reported in microseconds per call with the min-max spread. Ratios within one run are what to
+compare across machines.
 """
 import argparse
 import os
@@ -30,6 +31,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import _report  # noqa: E402
+from _baselines import CpuGpuBuffer  # noqa: E402
 import _timing  # noqa: E402
 import pinstage  # noqa: E402
 
@@ -142,51 +144,75 @@ class GpuBusy:
         return done
 
 
-def measure(call, settings, busy=None, max_calls=None, copies_per_call=1):
-    """Per-call host time, GPU idle (and busy when `busy` is given), same loop length for both."""
-    per_call_ns = _timing.estimate_call_ns(call, settings.estimate_ns)
-    if busy is not None:
-        torch.cuda.synchronize()
-        cap = max(1, MAX_QUEUED_COPIES // copies_per_call)
-        max_calls = cap if max_calls is None else min(max_calls, cap)
-    n = _timing.calls_for_duration(per_call_ns, settings.loop_ns, settings.min_calls, max_calls)
-    sleep_us = busy.sleep_us_for(n * per_call_ns / 1000.0) if busy is not None else None
-    idle, busy_samples, covered = [], [], []
-    with _timing.GcPaused():
-        _timing.loop_ns(call, n)
+class Timed:
+    """One method's timed loop: its length (the same with the GPU idle and busy), the busy kernel's
+    length, and its samples."""
+
+    def __init__(self, call, settings, busy=None, max_calls=None, copies_per_call=1):
+        self.call, self.busy = call, busy
+        per_call_ns = _timing.estimate_call_ns(call, settings.estimate_ns)
+        if busy is not None:
+            torch.cuda.synchronize()
+            cap = max(1, MAX_QUEUED_COPIES // copies_per_call)
+            max_calls = cap if max_calls is None else min(max_calls, cap)
+        self.n = _timing.calls_for_duration(per_call_ns, settings.loop_ns, settings.min_calls, max_calls)
+        self.sleep_us = busy.sleep_us_for(self.n * per_call_ns / 1000.0) if busy is not None else None
+        self.idle, self.busy_samples, self.covered = [], [], []
+        _timing.loop_ns(call, self.n)
         if busy is not None:  # the busy warm-up grows host-side pools to a busy loop's depth
             torch.cuda.synchronize()
-            busy.launch(sleep_us)
-            _timing.loop_ns(call, n)
+            busy.launch(self.sleep_us)
+            _timing.loop_ns(call, self.n)
             torch.cuda.synchronize()
-        for _ in range(settings.repeats):
-            idle.append(_timing.loop_ns(call, n) / n)
-            if busy is None:
-                continue
-            torch.cuda.synchronize()
-            done = busy.launch(sleep_us)
-            elapsed = _timing.loop_ns(call, n)
-            covered.append(not done.query())
-            torch.cuda.synchronize()
-            busy_samples.append(elapsed / n)
-    result = {"calls_per_loop": n, "idle": _timing.summarize_ns(idle)}
-    if busy is not None:
-        result["busy"] = dict(_timing.summarize_ns(busy_samples), sleep_ms=sleep_us / 1000.0,
-                              loops_covered=sum(covered), loops=len(covered))
-    return result
+
+    def sample(self):
+        """One idle sample, and one busy sample behind the busy kernel when there is a GPU."""
+        self.idle.append(_timing.loop_ns(self.call, self.n) / self.n)
+        if self.busy is None:
+            return
+        torch.cuda.synchronize()
+        done = self.busy.launch(self.sleep_us)
+        elapsed = _timing.loop_ns(self.call, self.n)
+        self.covered.append(not done.query())
+        torch.cuda.synchronize()
+        self.busy_samples.append(elapsed / self.n)
+
+    def result(self):
+        out = {"calls_per_loop": self.n, "idle": _timing.summarize_ns(self.idle)}
+        if self.busy is not None:
+            out["busy"] = dict(_timing.summarize_ns(self.busy_samples), sleep_ms=self.sleep_us / 1000.0,
+                               loops_covered=sum(self.covered), loops=len(self.covered))
+        return out
 
 
 def measure_methods(methods, settings, busy=None, max_calls=None, copies=None):
-    out = {}
-    for name, call in methods:
-        try:
-            out[name] = measure(call, settings, busy, max_calls, (copies or {}).get(name, 1))
-        except Exception as exc:  # noqa: BLE001 - one failing peer must not cost the rest of a round
-            if busy is not None:
-                torch.cuda.synchronize()
-            print("  ! %s failed: %s: %s" % (name, type(exc).__name__, exc), file=sys.stderr)
-            out[name] = {"error": "%s: %s" % (type(exc).__name__, exc)}
-    return out
+    """name -> result of each (name, call): the methods take their samples in turn, one each per
+    round, in an order rotated every round, so that a drift of the machine reaches all alike."""
+    out, timed = {}, {}
+    with _timing.GcPaused():
+        for name, call in methods:
+            try:
+                timed[name] = Timed(call, settings, busy, max_calls, (copies or {}).get(name, 1))
+            except Exception as exc:  # noqa: BLE001 - one failing peer must not cost the rest of a round
+                _failed(out, name, exc, busy)
+        for round_index in range(settings.repeats):
+            names = list(timed)
+            shift = round_index % max(1, len(names))
+            for name in names[shift:] + names[:shift]:
+                try:
+                    timed[name].sample()
+                except Exception as exc:  # noqa: BLE001
+                    _failed(out, name, exc, busy)
+                    del timed[name]
+    out.update({name: t.result() for name, t in timed.items()})
+    return {name: out[name] for name, _ in methods}
+
+
+def _failed(out, name, exc, busy):
+    if busy is not None:
+        torch.cuda.synchronize()
+    print("  ! %s failed: %s: %s" % (name, type(exc).__name__, exc), file=sys.stderr)
+    out[name] = {"error": "%s: %s" % (type(exc).__name__, exc)}
 
 
 def median(result, mode="idle"):
@@ -259,35 +285,21 @@ def many_list_methods(items, dev):
     ]
 
 
-class VllmBuffer:
-    """vLLM's CpuGpuBuffer: a persistent pinned tensor, its numpy view, and a persistent device tensor."""
-
-    def __init__(self, size, dtype, dev):
-        self.cpu = torch.empty(size, dtype=dtype, pin_memory=True)
-        self.np = self.cpu.numpy()
-        self.gpu = torch.empty(size, dtype=dtype, device=dev)
-
-    def stage(self, x):
-        n = len(x)
-        self.np[:n] = x
-        return self.gpu[:n].copy_(self.cpu[:n], non_blocking=True)
-
-
 def numpy_methods(x, dtype, dev):
-    vllm = VllmBuffer(len(x), dtype, dev)
+    vllm = CpuGpuBuffer.empty(len(x), dtype, dev)
     return [
-        ("vllm_buffer", lambda: vllm.stage(x)),
+        ("vllm_buffer", lambda: vllm.write(x)),
         ("pin_memory", lambda: torch.from_numpy(x).pin_memory().to(dev, non_blocking=True)),
         ("pinstage", lambda: pinstage.stage_to_device(x, dtype)),
     ]
 
 
 def many_numpy_methods(arrays, dev):
-    vllm = [VllmBuffer(len(x), dt, dev) for x, dt in arrays]
+    vllm = [CpuGpuBuffer.empty(len(x), dt, dev) for x, dt in arrays]
 
     def vllm_x7():
         for buffer, (x, _) in zip(vllm, arrays):
-            buffer.stage(x)
+            buffer.write(x)
 
     return [
         ("stage_many", lambda: pinstage.stage_many(arrays)),

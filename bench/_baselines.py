@@ -1,0 +1,34 @@
+"""The ways engines copy host state to the device today, as the benchmarks time them beside pinstage."""
+import torch
+
+
+class CpuGpuBuffer:
+    """vLLM's CpuGpuBuffer (vllm/v1/utils.py): a persistent pinned host tensor, its numpy view and the
+    persistent device tensor it feeds; copy_to_gpu(n) copies the first n rows without waiting. The
+    host rewrites the same pinned memory every step whether or not the last copy has read it: unsafe
+    on reuse, for timing only."""
+
+    def __init__(self, gpu):
+        self.gpu = gpu
+        self.cpu = torch.empty(gpu.shape, dtype=gpu.dtype, pin_memory=gpu.is_cuda)
+        self.np = self.cpu.numpy()
+
+    @classmethod
+    def empty(cls, size, dtype, device):
+        return cls(torch.empty(size, dtype=dtype, device=device))
+
+    def copy_to_gpu(self, n):
+        return self.gpu[:n].copy_(self.cpu[:n], non_blocking=True)
+
+    def write(self, values):
+        """The values (a numpy array or list) into the host buffer, then copy_to_gpu."""
+        n = len(values)
+        self.np[:n] = values
+        return self.copy_to_gpu(n)
+
+
+def pinned_tensor(values, dtype, device):
+    """SGLang's per-field pattern: a fresh pinned tensor from the values (a list or numpy column),
+    copied without waiting. Safe: torch's pinned allocator reuses the block only after the copy."""
+    device = torch.device(device)
+    return torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda").to(device, non_blocking=True)
