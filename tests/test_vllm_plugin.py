@@ -38,8 +38,9 @@ def vllm():
 
 @pytest.fixture
 def enabled(vllm):
-    with plugin.enabled():
-        yield
+    plugin.enable()
+    yield
+    plugin.disable()
 
 
 def _data(form, dtype, n, rng, shape=None):
@@ -61,8 +62,11 @@ def _staging_calls():
 def _plugin_and_original(run):
     """run() with the plugin, then as vLLM has it; the plugin's run must have gone through pinstage."""
     calls = _staging_calls()
-    with plugin.enabled():
+    plugin.enable()
+    try:
         routed = run()
+    finally:
+        plugin.disable()
     assert _staging_calls() > calls, "the plugin's run did not stage through pinstage"
     original = run()
     if torch.cuda.is_available():
@@ -125,8 +129,12 @@ def test_bad_values_raise_what_vllm_raises_naming_the_element(vllm):
     data = [1, 2, "three"]
     with pytest.raises(Exception) as original:
         vllm.torch_utils.async_tensor_h2d(data, device="cpu", dtype=torch.int64)
-    with plugin.enabled(), pytest.raises(type(original.value), match=r"\[2\] = 'three'.*int64"):
-        vllm.torch_utils.async_tensor_h2d(data, device="cpu", dtype=torch.int64)
+    with pytest.raises(type(original.value), match=r"\[2\] = 'three'.*int64"):
+        plugin.enable()
+        try:
+            vllm.torch_utils.async_tensor_h2d(data, device="cpu", dtype=torch.int64)
+        finally:
+            plugin.disable()
 
 
 @pytest.mark.parametrize("dtype", POOL_DTYPES, ids=str)
@@ -232,8 +240,10 @@ def test_refuses_untested_vllm_versions_and_changes_nothing(vllm, monkeypatch):
         plugin.enable()
     assert _routed_helpers(vllm) == originals
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.33.0+cu130")
-    with plugin.enabled():
-        assert _routed_helpers(vllm) != originals
+    plugin.enable()
+    routed = _routed_helpers(vllm)
+    plugin.disable()
+    assert all(routed[name] is not originals[name] for name in originals)
 
 
 def test_the_entry_point_is_declared_for_vllm():
@@ -297,8 +307,11 @@ def _steps_behind_busy_kernel(vllm, steps, n):
 def test_more_steps_in_flight_than_the_pool_depth_serve_no_wrong_values(vllm):
     steps = 4 * vllm.buffer_utils._DEFAULT_MAX_CONCURRENCY
     original = _steps_behind_busy_kernel(vllm, steps, 4096)
-    with plugin.enabled():
+    plugin.enable()
+    try:
         routed = _steps_behind_busy_kernel(vllm, steps, 4096)
+    finally:
+        plugin.disable()
     assert routed == dict.fromkeys(routed, 0), routed
     # vLLM's own helpers reuse memory the GPU has not read yet: the race the plugin removes.
     assert original["UvaBufferPool"] > 0 and original["UvaBackedTensor"] > 0, original
@@ -307,11 +320,11 @@ def test_more_steps_in_flight_than_the_pool_depth_serve_no_wrong_values(vllm):
 
 
 @pytest.mark.cuda
-def test_a_capturing_stream_gets_vllms_own_code(vllm):
+def test_a_capturing_stream_gets_vllms_own_code(vllm, enabled):
     pool = vllm.buffer_utils.UvaBufferPool(8, torch.int32)
     values = np.arange(8, dtype=np.int32)
     graph = torch.cuda.CUDAGraph()
-    with plugin.enabled(), torch.cuda.graph(graph):
+    with torch.cuda.graph(graph):
         rows = pool.copy_to_uva(values)  # pinstage refuses a capturing stream; vLLM's pool does not
     torch.cuda.synchronize()
     assert torch.equal(rows.cpu(), torch.from_numpy(values))

@@ -139,7 +139,7 @@ def _install_stand_ins(root):
             _module(name, **stand_in)
     if torch.cuda.is_available() and not hasattr(torch.ops._C, "get_cuda_view_from_cpu_tensor"):
         lib = torch.library.Library("_C", "FRAGMENT")
-        lib.define("get_cuda_view_from_cpu_tensor(Tensor(a) cpu_tensor) -> Tensor(a)")
+        lib.define("get_cuda_view_from_cpu_tensor(Tensor cpu_tensor) -> Tensor")
         lib.impl("get_cuda_view_from_cpu_tensor", _uva_view, "CPU")
         _install_stand_ins.library = lib  # a Library unregisters its ops when collected
 

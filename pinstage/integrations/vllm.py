@@ -15,7 +15,6 @@ Same signatures, dtypes, shapes and devices as vLLM's. A call pinstage does not 
 lacks, a list without a dtype, a shape vLLM would broadcast) and a call on a stream capturing a CUDA
 graph run vLLM's own function. Importing this module imports nothing of vLLM; enable() does.
 """
-import contextlib
 import functools
 import importlib.metadata
 import sys
@@ -156,14 +155,3 @@ def disable():
                 setattr(owner, name, original)
         _replaced.clear()
 
-
-@contextlib.contextmanager
-def enabled():
-    """enable() inside the block, disable() after it (if it was not enabled before)."""
-    was_enabled = bool(_replaced)
-    enable()
-    try:
-        yield
-    finally:
-        if not was_enabled:
-            disable()

@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Host time per call of vLLM 0.33's staging helpers, as released and through pinstage's vLLM plugin,
+in one process on the same data:
+  async_tensor_h2d of a list, of a numpy array, and into out=;
+  UvaBufferPool.copy_to_uva / copy_to_gpu, UvaBackedTensor.copy_to_uva, CpuGpuBuffer.copy_to_gpu.
+
+    python bench/vllm_host.py [--json out.json] [--sizes 16,256,4096] [--repeats 15]
+
+vLLM's source comes from tests/engine_source.py (a carried .engines/vllm-0.33.0, the cache, or the
+wheel), its heavy imports stood in by tests/vllm_stubs.py. Both variants are the same function
+objects the plugin installs and replaces, called side by side (UvaBackedTensor through a pool bound
+to one or the other), so that their samples interleave: a sample is a loop of calls sized to about
+--sample-ms after a warm-up, the variants take turns every round, and the median of --repeats
+samples is reported in microseconds per call. Without a GPU, vLLM's helpers and pinstage both copy
+on the CPU: the figures then compare two CPU copies and say nothing about staging.
+"""
+import argparse
+import os
+import sys
+import types
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+sys.path.insert(0, HERE)
+
+import _report  # noqa: E402
+from builders import measure  # noqa: E402
+
+# Target on a GPU (issue 23): async_tensor_h2d of 256 int32 from a list, plugin / original host time.
+H2D_256_RATIO = 1 / 3
+
+
+def load_vllm():
+    """vLLM's modules, or exits saying why they are not here."""
+    import pytest
+    import vllm_stubs
+
+    try:
+        return vllm_stubs.load_vllm()
+    except pytest.skip.Exception as why:
+        sys.exit("vllm_host: %s" % why)
+
+
+def variants(vllm):
+    """{helper: (vLLM's function, the plugin's)}: the objects enable() finds and installs."""
+    from pinstage.integrations import vllm as plugin
+
+    pool, buffer = vllm.buffer_utils.UvaBufferPool, vllm.v1_utils.CpuGpuBuffer
+    names = [(vllm.torch_utils, "async_tensor_h2d"), (pool, "copy_to_uva"), (pool, "copy_to_gpu"),
+             (buffer, "copy_to_gpu")]
+    originals = [vars(owner)[name] for owner, name in names]
+    plugin.enable()
+    routed = [vars(owner)[name] for owner, name in names]
+    plugin.disable()
+    return dict(zip(["h2d", "pool_to_uva", "pool_to_gpu", "buffer_to_gpu"], zip(originals, routed)))
+
+
+def helper_calls(vllm, fns, n, device):
+    """{case: {"vllm": call, "pinstage": call}} at n int32 values, each variant on objects of its own."""
+    values = np.random.default_rng(n).integers(0, 1 << 20, n, dtype=np.int32)
+    as_list = values.tolist()
+    cases = {}
+
+    def per_variant(make):
+        cases_of = {}
+        for index, variant in enumerate(("vllm", "pinstage")):
+            cases_of[variant] = make({key: pair[index] for key, pair in fns.items()})
+        return cases_of
+
+    cases["async_tensor_h2d(list)"] = per_variant(lambda f: lambda: f["h2d"](as_list, device, torch.int32))
+    cases["async_tensor_h2d(numpy)"] = per_variant(lambda f: lambda: f["h2d"](values, device))
+
+    def h2d_out(f):
+        out = torch.empty(n, dtype=torch.int32, device=device)
+        return lambda: f["h2d"](values, out=out)
+
+    cases["async_tensor_h2d(numpy, out=)"] = per_variant(h2d_out)
+
+    def pool_call(key, data):
+        def make(f):
+            pool = vllm.buffer_utils.UvaBufferPool(n, torch.int32)
+            return lambda: f[key](pool, data)
+        return make
+
+    cases["UvaBufferPool.copy_to_uva(list)"] = per_variant(pool_call("pool_to_uva", as_list))
+    cases["UvaBufferPool.copy_to_uva(numpy)"] = per_variant(pool_call("pool_to_uva", values))
+    cases["UvaBufferPool.copy_to_gpu(numpy)"] = per_variant(pool_call("pool_to_gpu", values))
+
+    def backed(f):
+        tensor = vllm.buffer_utils.UvaBackedTensor(4 * n, torch.int32)
+        tensor.pool.copy_to_uva = types.MethodType(f["pool_to_uva"], tensor.pool)
+        return lambda: tensor.copy_to_uva(n)
+
+    cases["UvaBackedTensor.copy_to_uva(n)"] = per_variant(backed)
+
+    def buffer(f):
+        gpu_buffer = vllm.v1_utils.CpuGpuBuffer(4 * n, dtype=torch.int32, device=torch.device(device))
+        gpu_buffer.np[:n] = values
+        return lambda: f["buffer_to_gpu"](gpu_buffer, n)
+
+    cases["CpuGpuBuffer.copy_to_gpu(n)"] = per_variant(buffer)
+    for case, calls in cases.items():
+        got = [call().cpu() for call in calls.values()]
+        assert torch.equal(got[0], got[1]), "%s: the plugin's result differs from vLLM's" % case
+    return cases
+
+
+def checks(rows, on_gpu):
+    row = next((r for r in rows if r["case"] == "async_tensor_h2d(list)" and r["n"] == 256), None)
+    if row is None:
+        return []
+    ratio = row["us"]["pinstage"] / row["us"]["vllm"]
+    return [_report.check("async_tensor_h2d 256 int32 (list): plugin / vLLM host time", ratio,
+                          "<= %.2f" % H2D_256_RATIO, ratio <= H2D_256_RATIO if on_gpu else None,
+                          "" if on_gpu else "no GPU: CPU copies, not staging")]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--sizes", default="16,256,4096")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--sample-ms", type=float, default=5.0)
+    args = parser.parse_args()
+
+    vllm = load_vllm()
+    on_gpu = torch.cuda.is_available()
+    device = "cuda" if on_gpu else "cpu"
+    meta = _report.machine_meta()
+    print("vLLM 0.33 staging helpers: host microseconds per call on %s (device=%s, torch %s)"
+          % (meta["gpu"] or meta["cpu"], device, meta["torch"]))
+    if not on_gpu:
+        print("No GPU: vLLM's helpers and pinstage both copy on the CPU here; run on a GPU for the figures that count.")
+
+    rows = []
+    fns = variants(vllm)
+    for n in (int(s) for s in args.sizes.split(",")):
+        for case, calls in helper_calls(vllm, fns, n, device).items():
+            stats = measure(calls, args.repeats, args.sample_ms)
+            rows.append(dict(case=case, n=n, us={v: s["median_us"] for v, s in stats.items()},
+                             spread={v: [s["min_us"], s["max_us"]] for v, s in stats.items()}))
+            print("  measured %s n %d" % (case, n), file=sys.stderr, flush=True)
+
+    table = [["helper (int32)", "n", "vLLM", "pinstage", "pinstage / vLLM"]]
+    for r in rows:
+        table.append([r["case"], r["n"], _report.fmt_us(r["us"]["vllm"], r["spread"]["vllm"]),
+                      _report.fmt_us(r["us"]["pinstage"], r["spread"]["pinstage"]),
+                      _report.fmt_ratio(r["us"]["pinstage"] / r["us"]["vllm"])])
+    _report.print_table(table)
+    print("Host us per call: median [min-max] of %d samples per cell." % args.repeats)
+    found = checks(rows, on_gpu)
+    _report.print_checks(found)
+    if args.json:
+        _report.write_json(args.json, dict(meta=meta, device=device, vllm="0.33.0", repeats=args.repeats,
+                                           sample_ms=args.sample_ms, results=rows, checks=found))
+    if any(c["ok"] is False for c in found):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
