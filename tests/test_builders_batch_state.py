@@ -266,6 +266,74 @@ def test_append_tokens_refuses_uint64_beyond_int64_as_add_does(token):
     assert state.decode_inputs(device="cpu").input_ids.tolist() == [7, 2**63 - 1, 9]
 
 
+def test_sampling_tensors_are_staged_again_only_when_membership_changes(rng):
+    """Like vLLM's InputBatch: a decode step (append_tokens) reuses the staged sampling tensors;
+    add / filter / remove / merge, or other arguments, stage them again, with the new values."""
+    state, requests = BatchState(), [random_request(rng, i) for i in range(12)]
+    for r in requests[:8]:
+        state.add(r)
+    members = requests[:8]
+
+    def calls():
+        return pinstage.stats(device="cpu")["calls"]
+
+    def check(expect_staging, deterministic=False):
+        before = calls()
+        got = state.sampling_batch(enable_deterministic_sampling=deterministic, device="cpu")
+        assert calls() - before == int(expect_staging)
+        want = build_sampling_batch([r.sampling_params for r in members],
+                                    enable_deterministic_sampling=deterministic, device="cpu")
+        assert_fields_equal(got, want)
+        return got
+
+    first = check(True)
+    assert check(False) is first
+    state.append_tokens(np.arange(8))
+    state.decode_inputs(device="cpu")
+    assert check(False) is first
+    check(True, deterministic=True)
+    check(False, deterministic=True)
+    state.add(requests[8])
+    members = members + [requests[8]]
+    check(True, deterministic=True)
+    state.filter([8, 0, 1, 2, 3, 4, 5, 6])
+    members = [members[i] for i in [8, 0, 1, 2, 3, 4, 5, 6]]
+    check(True, deterministic=True)
+    state.remove([0])
+    members = members[1:]
+    check(True, deterministic=True)
+    other = BatchState()
+    for r in requests[9:]:
+        other.add(r)
+    state.merge(other)
+    members = members + requests[9:]
+    check(True, deterministic=True)
+    state.filter(range(len(state)))  # same members, same order: still a new version, restaged
+    check(True, deterministic=True)
+
+
+@pytest.mark.cuda
+def test_staged_sampling_tensors_are_kept_per_stream(rng):
+    """A copy ordered on one stream is not handed to another: a different (or different current)
+    stream gets its own staging."""
+    state = BatchState()
+    for i in range(64):
+        state.add(random_request(rng, i))
+    a, b = torch.cuda.Stream(), torch.cuda.Stream()
+    on_a = state.sampling_batch(stream=a)
+    assert state.sampling_batch(stream=a) is on_a
+    on_b = state.sampling_batch(stream=b)
+    assert on_b is not on_a
+    with torch.cuda.stream(a):
+        current_a = state.sampling_batch()
+    assert current_a is not on_b
+    with torch.cuda.stream(a):
+        assert state.sampling_batch() is current_a
+    torch.cuda.synchronize()
+    assert_fields_equal(current_a, build_sampling_batch([r.sampling_params for r in state.requests],
+                                                        backend="blocking", device="cuda"))
+
+
 @pytest.mark.cuda
 def test_batch_state_builders_do_not_wait_for_a_busy_stream(rng):
     state = BatchState()

@@ -1,9 +1,10 @@
 """Validation for the builders: cheap whole-batch checks, with a walk over the requests only on
 failure, to name the request and the field."""
-from typing import Any, Callable, List, NoReturn, Optional, Sequence, Tuple
+from typing import Any, Callable, List, NoReturn, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
+from typing_extensions import TypeGuard  # in typing from Python 3.10; torch depends on typing_extensions
 
 import pinstage
 
@@ -25,7 +26,7 @@ def is_real(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def is_integer_entry(value: object) -> bool:
+def is_integer_entry(value: object) -> TypeGuard[Union[int, np.integer[Any]]]:
     """An entry of a per-request integer column: a Python or numpy integer, not a bool."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 

@@ -14,14 +14,15 @@ import numpy.typing as npt
 import torch
 
 import pinstage
+from pinstage import _C
 from pinstage._api import Device
 
 from ._checks import is_integer_entry
 from ._fields import TOKEN_FIELDS, lacks_field, penalty_row, pool_row
 from .decode import DecodeInputs
 from .protocols import BatchRequest
-from .requests import NO_PENALTIES, TOP_K_ALL, check_sampling_fields
-from .sampling import DEFAULT_SAMPLING_SEED, SamplingBatch
+from .requests import NO_PENALTIES, check_sampling_fields
+from .sampling import DEFAULT_SAMPLING_SEED, SamplingBatch, sampling_flags
 
 # name -> (numpy dtype, shape of one row)
 _COLUMNS: Dict[str, Tuple[type, Tuple[int, ...]]] = {
@@ -34,8 +35,8 @@ _COLUMNS: Dict[str, Tuple[type, Tuple[int, ...]]] = {
     "min_ps": (np.float32, ()),
     "seeds": (np.int64, ()),
     "penalties": (np.float32, (3,)),  # frequency, presence, repetition
-    # Per request, from its Python values (as the list builders see them): top_k <= 1, top_p != 1,
-    # top_k != TOP_K_ALL, min_p > 0, some penalty set. Their sums are the batch's counters.
+    # Per request, from its Python values (as the list builders see them): sampling_flags, then
+    # "some penalty set". Their sums are the batch's counters.
     "flags": (np.bool_, (5,)),
 }
 _INT64 = (-(2**63), 2**63 - 1)
@@ -53,7 +54,8 @@ class BatchState:
     sampled token per request. The per-step builders (`decode_inputs`, `penalty_last_token_ids`,
     `sampling_batch`) each stage their tensors with one `pinstage.stage_many` and give the same
     tensors as the list-of-requests builders on the same requests. The sampling flags come from
-    counters kept by add/filter/merge, not from a scan per step.
+    counters kept by add/filter/merge, not from a scan per step, and `sampling_batch` stages its
+    tensors again only after the membership changed.
 
     `requests` lists the request objects in slot order, for the engine's own bookkeeping; the state
     never reads them after `add` (append_tokens does not append to their output_ids).
@@ -66,6 +68,10 @@ class BatchState:
         }
         self.requests: List[BatchRequest] = []
         self._counts = np.zeros(5, dtype=np.int64)  # the flags column summed over the batch
+        # The sampling tensors change only with membership: staged once per membership version
+        # (and per seeds / device / stream asked for), not every step. vLLM's InputBatch does the same.
+        self._version = 0
+        self._staged: Optional[Tuple[Tuple[Any, ...], SamplingBatch]] = None
 
     def __len__(self) -> int:
         return self._size
@@ -108,12 +114,12 @@ class BatchState:
         c["min_ps"][slot] = params.min_p
         c["seeds"][slot] = DEFAULT_SAMPLING_SEED if params.sampling_seed is None else params.sampling_seed
         c["penalties"][slot] = penalties
-        flags = (params.top_k <= 1, params.top_p != 1, params.top_k != TOP_K_ALL, params.min_p > 0,
-                 penalties != NO_PENALTIES)
+        flags = sampling_flags(params.top_p, params.top_k, params.top_k, params.min_p) + (penalties != NO_PENALTIES,)
         c["flags"][slot] = flags
         self._counts += flags
         self.requests.append(request)
         self._size = slot + 1
+        self._version += 1
         return slot
 
     def filter(self, keep: Slots) -> None:
@@ -132,6 +138,7 @@ class BatchState:
             col[: keep.size] = col[keep]  # fancy indexing copies first, so overlapping moves are safe
         self.requests = [self.requests[i] for i in keep.tolist()]
         self._size = keep.size
+        self._version += 1
 
     def remove(self, slots: Slots) -> None:
         """Drop the given slots (ints, as for filter), keeping the others in batch order."""
@@ -178,6 +185,7 @@ class BatchState:
         self._counts += other._counts
         self.requests.extend(other.requests)
         self._size = n + m
+        self._version += 1
 
     def append_tokens(self, tokens: Union[npt.NDArray[np.integer[Any]], torch.Tensor, Sequence[int]]) -> None:
         """One sampled token per request, in slot order (a numpy array or CPU tensor of ints): each
@@ -243,7 +251,15 @@ class BatchState:
         self, *, enable_deterministic_sampling: bool = False, stream: Optional[torch.cuda.Stream] = None,
         device: Device = None,
     ) -> SamplingBatch:
-        """SamplingBatch (as build_sampling_batch gives it) in one copy."""
+        """SamplingBatch (as build_sampling_batch gives it) in one copy, made again only after
+        add/filter/remove/merge or for other arguments: until then every call returns the same
+        SamplingBatch, whose tensors the caller must treat as read-only."""
+        target = _C.target_device(stream, device)
+        # Keyed on the stream the copy is ordered on: another stream must not read it unordered.
+        on_stream = stream if stream is not None or target.type != "cuda" else torch.cuda.current_stream(target)
+        key = (self._version, enable_deterministic_sampling, target, on_stream)
+        if self._staged is not None and self._staged[0] == key:
+            return self._staged[1]
         n, c = self._size, self._cols
         items = [
             (c["temperatures"][:n], torch.float32),
@@ -256,11 +272,13 @@ class BatchState:
         need_penalties = self.need_penalties
         if need_penalties:
             items.append((c["penalties"][:n], torch.float32))
-        tensors = pinstage.stage_many(items, stream, device=device)
+        tensors = pinstage.stage_many(items, on_stream, device=target)
         flags = (self.is_all_greedy, self.need_top_p, self.need_top_k, self.need_min_p)
-        return SamplingBatch.from_staged(
+        batch = SamplingBatch.from_staged(
             tensors, with_seeds=enable_deterministic_sampling, with_penalties=need_penalties, flags=flags
         )
+        self._staged = (key, batch)
+        return batch
 
     # ----------------------------------------------------------------------------- storage
 
@@ -276,7 +294,7 @@ class BatchState:
 
 
 def _checked_int(field: str, value: object, lo: int, hi: int) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)):
+    if not is_integer_entry(value):
         raise TypeError(f"BatchState.add: {field} must be an int, got {type(value).__name__} {value!r}")
     if not lo <= value <= hi:
         raise ValueError(f"BatchState.add: {field} must be in [{lo}, {hi}], got {value!r}")

@@ -50,6 +50,14 @@ class SamplingBatch:
         )
 
 
+def sampling_flags(top_p_min: float, top_k_min: int, top_k_max: int, min_p_max: float) -> Tuple[bool, bool, bool, bool]:
+    """(is_all_greedy, need_top_p, need_top_k, need_min_p) of requests whose top_p, top_k and min_p
+    lie within these bounds (one request: its own values as both bounds), as SGLang's
+    from_schedule_batch sets them: every top_k <= 1; some top_p != 1 (top_p <= 1 is validated); some
+    top_k != TOP_K_ALL; some min_p > 0."""
+    return top_k_max <= 1, top_p_min < 1, top_k_min != TOP_K_ALL or top_k_max != TOP_K_ALL, min_p_max > 0
+
+
 def build_sampling_batch(
     params: Sequence[SamplingFields], *, enable_deterministic_sampling: bool = False, backend: str = "pinstage",
     stream: Optional[torch.cuda.Stream] = None, device: Device = None,
@@ -88,7 +96,7 @@ def build_sampling_batch(
             _checked(frequency, "frequency_penalty")
             _checked(presence, "presence_penalty")
             _checked(repetition, "repetition_penalty")
-        flags = (top_k_max <= 1, top_p_min < 1, top_k_min != TOP_K_ALL or top_k_max != TOP_K_ALL, min_p_max > 0)
+        flags = sampling_flags(top_p_min, top_k_min, top_k_max, min_p_max)
     else:
         need_penalties = False
         flags = (True, False, False, False)
