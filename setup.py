@@ -15,7 +15,16 @@ import os
 import sys
 
 from setuptools import setup
-from torch.utils import cpp_extension
+
+try:
+    from torch.utils import cpp_extension
+except ModuleNotFoundError as exc:
+    if (exc.name or "").split(".")[0] != "torch":
+        raise
+    # pip's --no-build-isolation uses the Python it runs in; the extension links against its torch.
+    sys.exit("pinstage setup: torch must be installed first: pinstage's extension is compiled against the torch of "
+             "the Python that builds it (%s), which has none. Install torch (e.g. `%s -m pip install torch`), then "
+             "`pip install --no-build-isolation .` again." % (sys.executable, sys.executable))
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join(ROOT, "csrc")

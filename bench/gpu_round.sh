@@ -3,6 +3,8 @@
 # stress the ring, the benchmarks, the stress run. Logs, JSON and plots go to $OUT.
 # Usage: OUT=/some/dir bash bench/gpu_round.sh [tests] [sanitizer] [bench] [decode] [stress] [quick] [pack]
 #   (no stage named: all of them; "quick" shortens the benchmarks; "pack" leaves one round.tgz in $OUT)
+#   DECODE_ARGS: the decode loop's arguments (default "--steps 500 --repeats 3": about 6-7 minutes on an
+#   H200; "--steps 500 --repeats 3 --forward-ms 0.2,1", then "... --forward-ms 5", split it in two calls)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-bench/out/gpu}"
@@ -75,7 +77,8 @@ fi
 
 if has decode; then
   stamp "decode loop"
-  python3 bench/decode_loop.py $quick --json "$OUT/decode_loop.json" > "$OUT/decode_loop.log" 2>"$OUT/decode_loop.err"
+  python3 bench/decode_loop.py $quick ${DECODE_ARGS:---steps 500 --repeats 3} --json "$OUT/decode_loop.json" \
+    > "$OUT/decode_loop.log" 2>"$OUT/decode_loop.err"
   echo "decode loop exit: $?"
   cat "$OUT/decode_loop.log"
   tail -n 20 "$OUT/decode_loop.err"

@@ -13,18 +13,40 @@ byte is written again only after a CUDA event recorded behind the copy that read
 """
 import torch  # loads libtorch before the extension that links against it
 
-try:
-    from . import _C
-except ImportError as exc:
+
+def _unloadable(exc):
+    """The ImportError for an extension that does not load: what is wrong and what to do, including
+    the case of a source folder that shadows a built pinstage further down sys.path."""
     import glob
     import os
+    import sys
 
-    _built = glob.glob(os.path.join(os.path.dirname(__file__), "_C*.so"))
-    _why = "does not load (%s)" % exc if _built else "is not built"  # else Python calls it a circular import
-    raise ImportError(
-        "pinstage's compiled extension (pinstage._C) %s. Build it with `pip install --no-build-isolation .` "
-        "(or `python setup.py build_ext --inplace` in a checkout)." % _why
-    ) from None
+    here = os.path.dirname(os.path.abspath(__file__))
+    if glob.glob(os.path.join(here, "_C*.so")):
+        return ImportError("pinstage's compiled extension (pinstage._C) does not load (%s). Rebuild it with `pip "
+                           "install --no-build-isolation .` (or `python setup.py build_ext --inplace` in a "
+                           "checkout)." % exc)
+    # Not built ("is not built", else Python calls it a circular import). A built copy later on
+    # sys.path means this folder shadows it: the usual case is running inside a checkout after
+    # `pip install .`, where the current directory comes first.
+    others = [os.path.join(entry, "pinstage") for entry in sys.path
+              if os.path.abspath(os.path.join(entry or os.curdir, "pinstage")) != here
+              and glob.glob(os.path.join(entry or os.curdir, "pinstage", "_C*.so"))]
+    if others:
+        return ImportError(
+            "pinstage's compiled extension (pinstage._C) is not built in %s, the source folder Python imported: it "
+            "comes first on sys.path (the current directory or PYTHONPATH) and shadows the built pinstage at %s. "
+            "Run from another directory to import that one, or build this folder in place with `python setup.py "
+            "build_ext --inplace` (`pip install --no-build-isolation .` installs into site-packages, which this "
+            "folder shadows)." % (here, os.path.abspath(others[0])))
+    return ImportError("pinstage's compiled extension (pinstage._C) is not built. Build it with `pip install "
+                       "--no-build-isolation .` (or `python setup.py build_ext --inplace` in a checkout).")
+
+
+try:
+    from . import _C
+except ImportError as _exc:
+    raise _unloadable(_exc) from None
 
 from . import _fallback, testing
 from ._version import __version__

@@ -85,10 +85,16 @@ class FetchHandle:
         return self._handle.tensors()[0]
 
     def numpy(self):
+        """The fetched values as numpy arrays over the pinned memory (no copy), waiting for the copy
+        first if it has not completed: one array for fetch_to_host, a list of them for fetch_many.
+        The ring keeps the memory while an array is alive; `.copy()` what you keep long."""
         values = [t.numpy() for t in self._handle.tensors()]
         return values if self._many else values[0]
 
     def tolist(self):
+        """The fetched values as (nested) Python lists, waiting for the copy first if it has not
+        completed: one list for fetch_to_host, a list of them for fetch_many. The lists are copies:
+        nothing holds the ring's memory afterwards."""
         values = [t.tolist() for t in self._handle.tensors()]
         return values if self._many else values[0]
 

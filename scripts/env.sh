@@ -14,16 +14,16 @@ elif python3 -c "import torch" 2>/dev/null; then
   PY="$(command -v python3)"
 else
   say "no torch found: creating .venv and installing torch 2.14.1 (a CUDA build: about 5.5 GB on disk;"
-  say "about a minute from a warm pip cache, longer when it must download) with numpy, ninja, pytest, pytest-xdist, hypothesis, matplotlib"
+  say "about a minute from a warm pip cache, longer when it must download) with numpy, ninja, pytest, pytest-xdist, hypothesis, matplotlib, mypy"
   python3 -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip >&2 || true
-  .venv/bin/python -m pip install -q "torch==2.14.1" numpy ninja pytest pytest-xdist hypothesis matplotlib setuptools wheel >&2
+  .venv/bin/python -m pip install -q "torch==2.14.1" numpy ninja pytest pytest-xdist hypothesis matplotlib mypy setuptools wheel >&2
   PY="$ROOT/.venv/bin/python"
 fi
 
 missing=$("$PY" - <<'PYEOF'
 import importlib.util
-print(" ".join(m for m in ("numpy", "ninja", "pytest", "hypothesis", "matplotlib", "setuptools")
+print(" ".join(m for m in ("numpy", "ninja", "pytest", "hypothesis", "matplotlib", "mypy", "setuptools")
                if importlib.util.find_spec(m) is None))
 PYEOF
 )
@@ -37,14 +37,15 @@ suffix=$("$PY" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'
 lib="pinstage/_C$suffix"
 build() {
   say "building pinstage._C ($MAX_JOBS parallel jobs; a first build takes 1-3 minutes)"
-  # One line per compiled file instead of the compiler's command lines; the whole log on failure.
-  if ! "$PY" setup.py build_ext --inplace > build.log 2>&1; then
+  # The whole log goes to build.log; the terminal gets setup.py's own lines and ninja's progress, one
+  # line per compiled file, while it builds (not the compiler's command lines).
+  if ! PYTHONUNBUFFERED=1 "$PY" setup.py build_ext --inplace 2>&1 | tee build.log | sed -unE \
+      -e 's|^(pinstage setup: .*)|\1|p' \
+      -e 's|^\[([0-9]+/[0-9]+)\] .* -c (/[^ ]*/)?(csrc/[^ ]+) .*|  [\1] \3|p' >&2; then
     tail -n 40 build.log >&2
     say "the build failed; the whole log is in build.log"
     return 1
   fi
-  grep -E "^pinstage setup:" build.log >&2 || true
-  sed -nE 's|^\[([0-9]+/[0-9]+)\] .* -c (/[^ ]*/)?(csrc/[^ ]+) .*|  [\1] \3|p' build.log >&2
 }
 # A compiler or linker from another toolchain than the C++ runtime the interpreter loads can build a
 # module whose integer formatting (any error message with a number in it) crashes; so the fresh build
@@ -66,5 +67,12 @@ if [ ! -f "$lib" ] || [ -n "$(find csrc setup.py -newer "$lib" -print -quit)" ];
     rm -rf build "$lib"
     build
   fi
+fi
+# The checkout on .venv's import path (a .pth file: an editable install that needs no second build),
+# so that `.venv/bin/python` imports this pinstage from any directory. A Python we did not make is
+# left alone.
+if [ "$PY" = "$ROOT/.venv/bin/python" ]; then
+  site=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  [ "$(cat "$site/pinstage-checkout.pth" 2>/dev/null)" = "$ROOT" ] || echo "$ROOT" > "$site/pinstage-checkout.pth"
 fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"

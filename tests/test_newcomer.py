@@ -1,0 +1,94 @@
+"""What a new user meets first: installing without torch, a checkout that shadows an installed
+pinstage, the checkout importable from .venv after the README's commands, the benchmarks' output."""
+import contextlib
+import io
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import pinstage
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = os.path.dirname(os.path.abspath(pinstage.__file__))
+
+# Makes `import torch` fail as it does in a Python without torch (ModuleNotFoundError naming torch).
+_WITHOUT_TORCH = """
+import importlib.abc, runpy, sys
+class NoTorch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] == "torch":
+            raise ModuleNotFoundError("No module named %r" % name, name=name)
+sys.meta_path.insert(0, NoTorch())
+sys.argv = ["setup.py", "--version"]
+runpy.run_path("setup.py", run_name="__main__")
+"""
+
+
+def test_setup_without_torch_says_to_install_torch_first():
+    proc = subprocess.run([sys.executable, "-c", _WITHOUT_TORCH], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode != 0
+    assert "pinstage setup: torch must be installed first" in proc.stderr
+    assert "pip install --no-build-isolation ." in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_source_folder_that_shadows_a_built_pinstage_says_so(tmp_path):
+    checkout, installed = tmp_path / "checkout", tmp_path / "site-packages"
+    no_build = shutil.ignore_patterns("_C*.so", "_C*.pyd", "__pycache__")
+    shutil.copytree(PACKAGE, checkout / "pinstage", ignore=no_build)
+    shutil.copytree(PACKAGE, installed / "pinstage", ignore=no_build)
+    (installed / "pinstage" / "_C.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")  # found, never loaded
+    proc = subprocess.run([sys.executable, "-c", "import pinstage"], cwd=checkout, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(installed)), timeout=120)
+    assert proc.returncode != 0
+    message = proc.stderr.splitlines()[-1]
+    assert "is not built in %s" % (checkout / "pinstage") in message
+    assert "shadows the built pinstage at %s" % (installed / "pinstage") in message
+    assert "Run from another directory" in message and "build_ext --inplace" in message
+
+
+def test_an_unbuilt_checkout_alone_is_not_called_shadowing(tmp_path):
+    shutil.copytree(PACKAGE, tmp_path / "pinstage", ignore=shutil.ignore_patterns("_C*.so", "__pycache__"))
+    proc = subprocess.run([sys.executable, "-S", "-c", "import sys; sys.path[:0] = [''] + %r; import pinstage" % (
+        [p for p in sys.path if os.path.isdir(os.path.join(p, "torch"))],)], cwd=tmp_path, capture_output=True,
+        text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "is not built. Build it with `pip install --no-build-isolation .`" in proc.stderr
+    assert "shadows" not in proc.stderr
+
+
+@pytest.mark.skipif(os.path.realpath(sys.prefix) != os.path.realpath(os.path.join(ROOT, ".venv")),
+                    reason="the test command puts the checkout on the import path of the .venv it made; this is "
+                           "another Python")
+def test_the_venv_imports_this_checkout_from_anywhere(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", "import pinstage; print(pinstage.__file__)"], cwd=tmp_path,
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert os.path.realpath(proc.stdout.strip()) == os.path.realpath(os.path.join(PACKAGE, "__init__.py"))
+
+
+def test_fetch_handle_readers_are_documented():
+    for reader in (pinstage.FetchHandle.numpy, pinstage.FetchHandle.tolist):
+        assert reader.__doc__ and "wait" in reader.__doc__ and "fetch_many" in reader.__doc__, reader
+
+
+def test_builders_table_fits_in_120_columns():
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    try:
+        import builders
+    finally:
+        sys.path.pop(0)
+    wide = {m: 12345.6 for m in builders.METHODS}
+    rows = [dict(builder=b, bs=1024, us=dict(wide), spread={m: [0.5, 99999.0] for m in wide})
+            for b in ("penalty_last_token_ids", "write_cache_indices", "logits")]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        builders.print_table(rows, repeats=15)
+    lines = out.getvalue().splitlines()
+    assert len(lines) > len(rows) + 2
+    assert max(map(len, lines)) <= 120, max(lines, key=len)
