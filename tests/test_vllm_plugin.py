@@ -33,7 +33,8 @@ FORMS = ["list", "numpy", "tensor"]
 def vllm():
     import vllm_stubs
 
-    return vllm_stubs.load_vllm()
+    yield vllm_stubs.load_vllm()
+    vllm_stubs.unload_vllm()
 
 
 @pytest.fixture
@@ -53,6 +54,15 @@ def _data(form, dtype, n, rng, shape=None):
     if form == "numpy" and dtype != torch.bfloat16:
         return reference.numpy()
     return reference
+
+
+def _settle(tensor):
+    """A copy of tensor, made before returning: vLLM's originals read host buffers that the next
+    call rewrites (the race tested below), so each value test waits for the device here."""
+    copy = tensor.clone()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return copy
 
 
 def _staging_calls():
@@ -149,11 +159,11 @@ def test_uva_buffer_pool_gives_vllms_rows(vllm, dtype, form, row_shape, rng):
         pool = vllm.buffer_utils.UvaBufferPool(size, dtype)
         results = []
         for x in batches:
-            results.append(pool.copy_to_uva(x).clone())  # a UVA view changes when its slot is reused
-            results.append(pool.copy_to_gpu(x))
+            results.append(_settle(pool.copy_to_uva(x)))  # a UVA view changes when its slot is reused
+            results.append(_settle(pool.copy_to_gpu(x)))
             out = torch.zeros((len(x), *row_shape), dtype=dtype, device=results[-1].device)
             assert pool.copy_to_gpu(x, out=out) is out
-            results.append(out)
+            results.append(_settle(out))
         return results
 
     for routed, original in zip(*_plugin_and_original(run)):
@@ -166,11 +176,11 @@ def test_uva_backed_tensor_gives_vllms_rows(vllm, dtype, rng):
 
     def run():
         backed = vllm.buffer_utils.UvaBackedTensor(32, dtype)
-        results = [backed.gpu.clone()]
+        results = [_settle(backed.gpu)]
         for step, n in enumerate((None, 5, 32, 0)):
             backed.np[:] = np.roll(values, step)
             assert backed.copy_to_uva(n) is backed.gpu
-            results.append(backed.gpu.clone())
+            results.append(_settle(backed.gpu))
         return results
 
     for routed, original in zip(*_plugin_and_original(run)):
@@ -194,7 +204,7 @@ def test_cpu_gpu_buffer_copy_to_gpu_gives_vllms_rows(vllm, device, dtype, size, 
             rows = buffer.copy_to_gpu(n)
             # vLLM's own device buffer, filled in place
             assert rows.untyped_storage().data_ptr() == buffer.gpu.untyped_storage().data_ptr()
-            results.append(rows.clone())
+            results.append(_settle(rows))
         return results
 
     for routed, original in zip(*_plugin_and_original(run)):

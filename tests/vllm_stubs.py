@@ -74,6 +74,10 @@ class _Logger(logging.LoggerAdapter):
     info_once = debug_once = warning_once
 
 
+_stand_ins = []  # names of the stand-in modules outside vllm.* (uvloop, regex where missing)
+_parked = {}  # what unload_vllm() took out of sys.modules: torch_utils registers types it cannot register twice
+
+
 def _module(name, **attrs):
     """A stand-in module `name` with `attrs`, below the wheel's own packages where it has them."""
     module = types.ModuleType(name)
@@ -137,6 +141,7 @@ def _install_stand_ins(root):
             importlib.import_module(name)
         except ImportError:
             _module(name, **stand_in)
+            _stand_ins.append(name)
     if torch.cuda.is_available() and not hasattr(torch.ops._C, "get_cuda_view_from_cpu_tensor"):
         lib = torch.library.Library("_C", "FRAGMENT")
         lib.define("get_cuda_view_from_cpu_tensor(Tensor cpu_tensor) -> Tensor")
@@ -144,11 +149,20 @@ def _install_stand_ins(root):
         _install_stand_ins.library = lib  # a Library unregisters its ops when collected
 
 
+def unload_vllm():
+    """Takes vLLM's modules and the stand-ins out of sys.modules again, so that later code that
+    probes for vLLM (SGLang does) does not find this partial copy."""
+    for name in [name for name in sys.modules if name == "vllm" or name.startswith("vllm.")] + _stand_ins:
+        _parked[name] = sys.modules.pop(name)
+
+
 def load_vllm():
     """vLLM 0.33's (torch_utils, v1_utils, buffer_utils) modules, or pytest.skip saying why not."""
     root = engine_root("vllm", VLLM_VERSION, VLLM_FILES)
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))  # also where importlib.metadata finds vLLM's version
+    sys.modules.update(_parked)
+    _parked.clear()
     _install_stand_ins(root)
     return types.SimpleNamespace(
         torch_utils=importlib.import_module("vllm.utils.torch_utils"),
