@@ -1,0 +1,306 @@
+"""pinstage.integrations.sglang on SGLang 0.5.23's real scheduler code.
+
+Each scenario runs twice on the same inputs, once as SGLang ships and once with enable(), from a
+fresh scheduler world (request table, KV allocator, radix cache): admission with prefix-cache hits,
+chunked prefill, input logprobs from random starts (some at the extend length), penalties on and
+off, seeds, batches of 1-300 requests, decode steps, finished requests filtered out and new
+prefills merged in. Every output SGLang keeps (batch tensors and lists, the request table, the
+sampling info with its flags and penalizer state, the logits processor's indices) must be equal in
+value, dtype, shape and device.
+"""
+import dataclasses
+import enum
+import random
+import subprocess
+import sys
+from array import array
+
+import pytest
+import torch
+
+import pinstage
+from engine_source import REPO, engine_root
+from pinstage.integrations import sglang as pinstage_sglang
+
+VERSION = "0.5.23"
+PREFIXES = ["sglang/srt/", "sglang/kernels/", "sglang/utils.py", "sglang/version.py", "sglang/_version.py"]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+@pytest.fixture(scope="module")
+def sg():
+    import sglang_stubs
+
+    return sglang_stubs.import_sglang(engine_root("sglang", VERSION, PREFIXES))
+
+
+@pytest.fixture(autouse=True)
+def _disabled_after():
+    yield
+    pinstage_sglang.disable()
+
+
+# ------------------------------------------------------------------------------------ snapshots
+
+_OPAQUE = object()
+
+
+class Exact:
+    """A tensor captured for exact comparison: device, dtype, shape and every value."""
+
+    def __init__(self, tensor):
+        self.meta = (str(tensor.device), tensor.dtype, tuple(tensor.shape), tensor.is_pinned())
+        self.values = tensor.detach().cpu().clone()
+
+    def __eq__(self, other):
+        return isinstance(other, Exact) and self.meta == other.meta and torch.equal(self.values, other.values)
+
+    def __repr__(self):
+        return f"Exact{self.meta}({self.values.flatten()[:16].tolist()}...)"
+
+
+def plain(value):
+    """A value as data that == compares exactly: a tensor becomes an Exact; objects that are not
+    data (pools, caches, requests) become _OPAQUE."""
+    if isinstance(value, torch.Tensor):
+        return Exact(value)
+    if isinstance(value, (bool, int, float, str, type(None), enum.Enum)):
+        return value
+    if isinstance(value, array):
+        return ("array", value.typecode, value.tolist())
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, [plain(v) for v in value])
+    if isinstance(value, dict):
+        return ("dict", {k: plain(v) for k, v in value.items()})
+    return _OPAQUE
+
+
+def plain_fields(obj, names):
+    out = {}
+    for name in names:
+        value = plain(getattr(obj, name, None))
+        if value is not _OPAQUE:
+            out[name] = value
+    return out
+
+
+def snapshot(batch):
+    """Everything SGLang keeps of a batch after a step, as plain data."""
+    out = plain_fields(batch, [f.name for f in dataclasses.fields(batch)])
+    out["reqs"] = [plain_fields(r, ["rid", "prefix_len", "extend_end", "output_ids", "cached_tokens",
+                                    "already_computed", "logprob_start_len"]) | {"req_pool_idx": r.kv.req_pool_idx}
+                   for r in batch.reqs]
+    rows = batch.req_pool_indices_cpu
+    out["req_to_token"] = plain(batch.req_to_token_pool.req_to_token[rows]) if rows is not None else None
+    info = batch.sampling_info
+    if info is not None:
+        out["sampling_info"] = plain_fields(info, [f.name for f in dataclasses.fields(info)])
+        orchestrator = info.penalizer_orchestrator
+        out["penalizers"] = {"is_required": orchestrator.is_required} | {
+            type(p).__name__: plain_fields(p, sorted(vars(p))) for p in orchestrator.penalizers.values()
+        }
+    return out
+
+
+def pruned_indices(sg, batch, hidden):
+    """The logits processor's sample and input-logprob indices for a prefill with input logprobs."""
+    metadata = type("LogitsMetadata", (), {})()
+    metadata.forward_mode = sg.ForwardMode.EXTEND
+    metadata.extend_return_logprob = True
+    metadata.extend_seq_lens_cpu = batch.extend_lens
+    metadata.extend_logprob_start_lens_cpu = batch.extend_logprob_start_lens
+    states = hidden[: sum(batch.extend_lens)]
+    result = sg.LogitsProcessor._get_pruned_states(None, states, None, None, metadata)
+    return [plain(x) for x in result] + [plain_fields(metadata, ["sample_indices_cpu", "input_logprob_indices_cpu"])]
+
+
+# ------------------------------------------------------------------------------------ scenarios
+
+
+def random_params(rng, penalties, seeds):
+    params = {"temperature": rng.choice([0.0, 0.5, 0.7, 1.0, 1.3]), "top_p": rng.choice([1.0, 0.9, 0.5]),
+              "top_k": rng.choice([-1, -1, 1, 20, 50]), "min_p": rng.choice([0.0, 0.0, 0.05]),
+              "max_new_tokens": 64}
+    if penalties:
+        params.update(frequency_penalty=rng.choice([0.0, 0.5]), presence_penalty=rng.choice([0.0, -0.3]),
+                      repetition_penalty=rng.choice([1.0, 1.2]), min_new_tokens=rng.choice([0, 0, 3]))
+    if seeds:
+        params["sampling_seed"] = rng.choice([None, rng.randrange(1 << 40)])
+    return params
+
+
+def run_scenario(sg, device, seed, max_bs, penalties, seeds, rounds=3, decode_steps=2):
+    """One scheduler run; returns every recorded output, in order, and how often each scheduler case
+    came up (prefix hits, chunks, input logprobs starting at the extend length, merges)."""
+    import sglang_stubs
+
+    rng = random.Random(seed)
+    world = sglang_stubs.SchedulerWorld(sg, device)
+    vocab = world.vocab_size
+    cached = [[rng.randrange(vocab) for _ in range(rng.randint(8, 40))] for _ in range(6)]
+    for prompt in cached:
+        world.cache_prompt(prompt)
+    hidden = torch.arange(40_000, dtype=torch.float32, device=device).view(-1, 1)
+    log, running, chunked = [], None, []
+    seen = dict.fromkeys(["prefix hit", "chunk", "logprob start at extend length", "merge"], 0)
+
+    def sample(reqs):
+        for r in reqs:
+            r.output_ids.append(rng.randrange(vocab))
+
+    for _ in range(rounds):
+        reqs = list(chunked)  # a chunked request's next chunk comes first, as in SGLang
+        for r in chunked:
+            r.prefix_len = r.extend_end  # its row already holds the chunks done
+            world.extend_to(r, rng.choice([None, 16]))
+        for _ in range(rng.randint(1, max_bs)):
+            base = rng.choice(cached)[: rng.randint(1, 40)] if rng.random() < 0.5 else []  # a prefix hit
+            prompt = base + [rng.randrange(vocab) for _ in range(rng.randint(1, 24))]
+            logprob = rng.random() < 0.3
+            req = world.request(prompt, random_params(rng, penalties, seeds), return_logprob=logprob,
+                                logprob_start_len=rng.choice([-1, 0, rng.randrange(len(prompt))]))
+            world.admit(req, chunk=rng.choice([None, None, None, 8]))
+            reqs.append(req)
+        batch = world.prefill_batch(reqs)
+        log.append(("prefill", snapshot(batch)))
+        seen["prefix hit"] += sum(r.prefix_len > 0 and r not in chunked for r in reqs)
+        seen["logprob start at extend length"] += sum(
+            r.return_logprob and start == n for r, start, n in zip(reqs, batch.extend_logprob_start_lens, batch.extend_lens))
+        if batch.return_logprob:
+            log.append(("pruned", pruned_indices(sg, batch, hidden)))
+
+        chunked = [r for r in reqs if r.extend_end < len(r.full_untruncated_fill_ids)]
+        seen["chunk"] += len(chunked)
+        done = [r for r in reqs if r not in chunked]
+        sample(done)
+        if chunked:
+            batch.filter_batch(keep_indices=[i for i, r in enumerate(reqs) if r in done])
+            log.append(("filter chunked", snapshot(batch)))
+        if not done:
+            continue
+        if running is None:
+            running = batch
+        else:
+            running.merge_batch(batch)
+            seen["merge"] += 1
+            log.append(("merge", snapshot(running)))
+        for _ in range(decode_steps):
+            running.prepare_for_decode()
+            log.append(("decode", snapshot(running)))
+            sample(running.reqs)
+        keep = sorted(rng.sample(range(len(running.reqs)), rng.randint(1, len(running.reqs))))
+        running.filter_batch(keep_indices=keep)
+        log.append(("filter", snapshot(running)))
+    return log, seen
+
+
+SCENARIOS = [  # seed, max batch size, penalties, seeds
+    (1, 1, False, False),
+    (2, 8, True, False),
+    (3, 40, True, True),
+    (4, 120, False, True),
+    (5, 300, True, False),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("seed, max_bs, penalties, seeds", SCENARIOS)
+def test_outputs_identical_with_pinstage(sg, device, seed, max_bs, penalties, seeds):
+    calls = pinstage.stats(device)["calls"]
+    expected, seen = run_scenario(sg, device, seed, max_bs, penalties, seeds)
+    assert pinstage.stats(device)["calls"] == calls, "SGLang as shipped must not reach pinstage"
+    with pinstage_sglang.enabled():
+        actual, _ = run_scenario(sg, device, seed, max_bs, penalties, seeds)
+    assert pinstage.stats(device)["calls"] > calls, "the enabled run never reached pinstage"
+    if max_bs >= 40:
+        assert all(seen.values()), seen
+    assert [step for step, _ in actual] == [step for step, _ in expected]
+    for i, ((step, got), (_, want)) in enumerate(zip(actual, expected)):
+        assert got == want, f"step {i} ({step}) differs"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_from_schedule_batch_with_rare_features_is_sglangs(sg, device):
+    """A batch with logit bias or a sampling mask goes to SGLang's method (its row indices through
+    pinstage's helper); an all-default batch gets SGLang's exact flags from pinstage's code."""
+    import sglang_stubs
+
+    def build(params):
+        world = sglang_stubs.SchedulerWorld(sg, device)
+        reqs = []
+        for i, p in enumerate(params):
+            mask = p.pop("mask", False)
+            req = world.request([5 + i, 6, 7], p)
+            req.return_sampling_mask = mask
+            world.admit(req)
+            reqs.append(req)
+        return snapshot(world.prefill_batch(reqs))
+
+    cases = [
+        [{"logit_bias": {"3": 1.5, "7": -2.0}}, {}],
+        [{"mask": True, "top_k": 5}, {}],
+        [{}, {"temperature": 0.0}],
+        [{"top_k": 1}, {"top_k": 1}],
+        [{"top_k": 2000}, {"min_p": 0.1, "top_p": 0.5}],
+    ]
+    for params in cases:
+        expected = build([dict(p) for p in params])
+        with pinstage_sglang.enabled():
+            assert build([dict(p) for p in params]) == expected, params
+
+
+# ------------------------------------------------------------------------------------ the patch
+
+
+def test_enable_disable_restores_every_original(sg):
+    owners = [(sg.ScheduleBatch, "prepare_for_extend"), (sg.ScheduleBatch, "filter_batch"),
+              (sg.ScheduleBatch, "cumulate_penalty_output_tokens"), (sg.LogitsProcessor, "_get_pruned_states"),
+              (sg.SamplingBatchInfo, "from_schedule_batch"), (sg.sampling_batch_info, "_rows_to_device_indices"),
+              (sg.allocation, "write_cache_indices")]
+    originals = [owner.__dict__[name] for owner, name in owners]
+    pinstage_sglang.enable()
+    patched = [owner.__dict__[name] for owner, name in owners]
+    assert all(p is not o for p, o in zip(patched, originals))
+    pinstage_sglang.enable()  # a second call changes nothing
+    assert [owner.__dict__[name] for owner, name in owners] == patched
+    pinstage_sglang.disable()
+    assert all(owner.__dict__[name] is o for (owner, name), o in zip(owners, originals))
+    pinstage_sglang.disable()
+    with pinstage_sglang.enabled():
+        assert pinstage_sglang.is_enabled()
+    assert all(owner.__dict__[name] is o for (owner, name), o in zip(owners, originals))
+
+
+def test_enable_refuses_an_untested_version(sg, monkeypatch):
+    import importlib.metadata
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.5.22")
+    with pytest.raises(RuntimeError, match=r"tested with SGLang 0\.5\.23 only; SGLang is version 0\.5\.22"):
+        pinstage_sglang.enable()
+    assert not pinstage_sglang.is_enabled()
+    assert sg.ScheduleBatch.__dict__["filter_batch"].__module__ == "sglang.srt.managers.schedule_batch"
+
+
+def test_a_changed_source_is_refused(sg):
+    from pinstage.integrations._sglang_sites import with_staged_copies
+
+    with pytest.raises(RuntimeError, match="2 were expected: this is not the source"):
+        with_staged_copies(sg.ScheduleBatch.__dict__["filter_batch"], 2)
+
+
+def test_rewritten_function_reports_sglangs_file_and_lines(sg):
+    from pinstage.integrations._sglang_sites import with_staged_copies
+
+    original = sg.ScheduleBatch.__dict__["filter_batch"]
+    rewritten = with_staged_copies(original, 1)
+    assert rewritten.__code__.co_filename == original.__code__.co_filename
+    assert rewritten.__code__.co_firstlineno == original.__code__.co_firstlineno
+    assert rewritten.__wrapped__ is original
+
+
+def test_importing_pinstage_does_not_import_sglang():
+    code = ("import sys, pinstage, pinstage.builders, pinstage.integrations.sglang; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sglang'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
