@@ -90,8 +90,8 @@ def _plugin_and_original(run):
 @pytest.mark.parametrize("n", [0, 1, 256])
 def test_async_tensor_h2d_gives_vllms_result(vllm, device, dtype, form, n, rng):
     data = _data(form, dtype, n, rng)
-    given_dtype = dtype if form == "list" else None  # numpy and tensors also without: their own dtype
-    for kwargs in ({"dtype": dtype}, {"dtype": given_dtype}):
+    # numpy arrays and tensors also without a dtype: vLLM keeps theirs
+    for kwargs in [{"dtype": dtype}] + ([{}] if form != "list" else []):
         routed, original = _plugin_and_original(
             lambda: vllm.torch_utils.async_tensor_h2d(data, device=device, **kwargs))
         assert_same_tensor(routed, original)
@@ -291,37 +291,47 @@ def test_enable_does_not_initialise_cuda(vllm):
 def _steps_behind_busy_kernel(vllm, steps, n):
     """`steps` scheduler steps queued behind a long kernel: each writes its values into every helper
     and enqueues a kernel that reads what the helper gave, as vLLM's model runner does; the host
-    rewrites CpuGpuBuffer's source right after copy_to_gpu. Returns the wrong values per helper."""
+    rewrites CpuGpuBuffer's source right after copy_to_gpu. Returns the wrong values per helper and
+    whether the long kernel was still running when the host had queued every step."""
     pool = vllm.buffer_utils.UvaBufferPool(n, torch.int32)
     backed = vllm.buffer_utils.UvaBackedTensor(n, torch.int32)
     buffer = vllm.v1_utils.CpuGpuBuffer(n, dtype=torch.int32, device=torch.device("cuda"))
-    read = {name: [] for name in ("UvaBufferPool", "UvaBackedTensor", "CpuGpuBuffer", "async_tensor_h2d")}
-    wanted = [np.arange(n, dtype=np.int32) + step * n for step in range(steps)]
+
+    def step(values):
+        backed.np[:] = values
+        buffer.np[:] = values
+        read = {"UvaBufferPool": pool.copy_to_uva(values) + 0,
+                "UvaBackedTensor": backed.copy_to_uva() + 0,
+                "CpuGpuBuffer": buffer.copy_to_gpu() + 0,
+                "async_tensor_h2d": vllm.torch_utils.async_tensor_h2d(values, "cuda") + 0}
+        buffer.np[:] = -1  # the next step's preparation starts at once
+        return read
+
+    wanted = [(np.arange(n) + k * n).astype(np.int32) for k in range(steps)]
+    step(wanted[0])  # loads the kernels and allocates the ring before the clock matters
     torch.cuda.synchronize()
     torch.cuda._sleep(BUSY_CYCLES)
+    busy = torch.cuda.Event()
+    busy.record()
     with pinstage.testing.no_sync():
-        for values in wanted:
-            read["UvaBufferPool"].append(pool.copy_to_uva(values) + 0)
-            backed.np[:] = values
-            read["UvaBackedTensor"].append(backed.copy_to_uva() + 0)
-            buffer.np[:] = values
-            read["CpuGpuBuffer"].append(buffer.copy_to_gpu() + 0)
-            buffer.np[:] = -1  # the next step's preparation starts at once
-            read["async_tensor_h2d"].append(vllm.torch_utils.async_tensor_h2d(values, "cuda") + 0)
+        reads = [step(values) for values in wanted]
+    still_busy = not busy.query()
     torch.cuda.synchronize()
     want = torch.from_numpy(np.stack(wanted))
-    return {name: int((torch.stack(got).cpu() != want).sum()) for name, got in read.items()}
+    wrong = {name: int((torch.stack([r[name] for r in reads]).cpu() != want).sum()) for name in reads[0]}
+    return wrong, still_busy
 
 
 @pytest.mark.cuda
 def test_more_steps_in_flight_than_the_pool_depth_serve_no_wrong_values(vllm):
     steps = 4 * vllm.buffer_utils._DEFAULT_MAX_CONCURRENCY
-    original = _steps_behind_busy_kernel(vllm, steps, 4096)
+    original, original_busy = _steps_behind_busy_kernel(vllm, steps, 4096)
     plugin.enable()
     try:
-        routed = _steps_behind_busy_kernel(vllm, steps, 4096)
+        routed, routed_busy = _steps_behind_busy_kernel(vllm, steps, 4096)
     finally:
         plugin.disable()
+    assert original_busy and routed_busy, "the GPU finished before the steps were queued: nothing was in flight"
     assert routed == dict.fromkeys(routed, 0), routed
     # vLLM's own helpers reuse memory the GPU has not read yet: the race the plugin removes.
     assert original["UvaBufferPool"] > 0 and original["UvaBackedTensor"] > 0, original
