@@ -29,8 +29,11 @@ values come from and how they reach the device (the table's legend says which pa
 "numpy state" is BatchState's columns (written when a request joins, compacted when requests leave);
 "request objects" is a Python gather over the running requests each step. Prefill inputs and the
 tokens' keep indices go through the list builders of the backend's kind (blocking, pinned or
-pinstage); the ideals replay them. Each backend runs --repeats times, in an order rotated between
-rounds; medians and min-max are reported. Every backend must generate the same tokens (asserted;
+pinstage); the ideals replay them. Rows past the batch must hold the padding row's address: the
+per-field backends fill the three address fields there with device fills when the batch shrinks,
+StaticInputs writes every field's fill in its one copy. Each backend runs --repeats times, in an
+order rotated between rounds; medians and min-max are reported, and the gains of one step at a time
+(numpy state over request objects, the ring over pinned tensors, one copy over one per field). Every backend must generate the same tokens (asserted;
 vllm_buffer's differences are counted, as its race may show).
 """
 import argparse
@@ -76,6 +79,12 @@ BACKENDS = {
                                "numpy state -> pinstage.StaticInputs.stage: one copy"),
     "ideal_same_host": Backend("state", "snapshot", "replay", "ideal, same host work: state bookkeeping, no staging"),
     "ideal": Backend(None, "snapshot", "replay", "ideal: no host preparation, inputs already on the device"),
+}
+# What each step buys, as a ratio of tokens/s between two backends that differ in that step alone.
+GAINS = {
+    "layout gain": ("sglang_state", "pinned"),  # numpy state instead of request objects, same copies
+    "ring gain": ("pinstage_state", "sglang_state"),  # pinstage instead of a pinned tensor per field, same state
+    "one-copy gain": ("pinstage_static", "pinstage_state"),  # one copy for every field instead of one each
 }
 RECORDER = "pinstage_state"  # the untimed run whose device inputs the ideals replay
 PENDING = -1  # an output token sampled on the device, not read back yet
@@ -622,10 +631,16 @@ def print_tables(rows):
             table.append([name] + [_fraction(r["backends"][name]) for r in cells]
                          + [" / ".join("%.0f" % r["backends"][name]["prep_us_per_step"] for r in cells)])
         table.append(["ideal tokens/s"] + ["%.0f" % r["backends"]["ideal"]["tokens_per_s"] for r in cells] + [""])
+        for label, (a, b) in GAINS.items():
+            if a in names and b in names:
+                table.append([label] + ["%.3fx" % (r["backends"][a]["tokens_per_s"] / r["backends"][b]["tokens_per_s"])
+                                        for r in cells] + [""])
         _report.print_table(table)
     print()
     for name in names:
         print("  %-16s %s" % (name, BACKENDS[name].title))
+    for label, (a, b) in GAINS.items():
+        print("  %-16s %s / %s tokens/s" % (label, a, b))
     other = {(r["batch_size"], r["forward_ms"]): r["backends"]["vllm_buffer"]["requests_with_other_tokens_range"][1]
              for r in rows if "vllm_buffer" in r["backends"]}
     if any(other.values()):
