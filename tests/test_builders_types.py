@@ -81,32 +81,24 @@ def readme_builders_example():
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-@pytest.fixture(scope="module")
-def mypy_errors(tmp_path_factory):
-    """mypy --strict over pinstage.builders, the README example, ENGINE_SHAPED and MISUSES in one
-    run (a run costs about 40 s cold, most of it reading torch; the cache under build/ keeps it)."""
+def test_mypy_strict_passes_on_the_builders_and_flags_each_misuse(tmp_path):
+    """One mypy --strict run (about 40 s cold, most of it reading torch; the cache under build/ keeps
+    it) over pinstage.builders, the README example, ENGINE_SHAPED and MISUSES: no error but the four
+    misuses, each reported."""
     pytest.importorskip("mypy")
-    tmp = tmp_path_factory.mktemp("mypy")
-    (tmp / "mypy.ini").write_text(MYPY_CONFIG)
+    (tmp_path / "mypy.ini").write_text(MYPY_CONFIG)
     files = {"readme_example.py": readme_builders_example(), "engine_shaped.py": ENGINE_SHAPED, "misuses.py": MISUSES}
     for name, text in files.items():
-        (tmp / name).write_text(text)
+        (tmp_path / name).write_text(text)
     result = subprocess.run(
-        [sys.executable, "-m", "mypy", "--config-file", str(tmp / "mypy.ini"),
-         "--cache-dir", str(ROOT / "build" / "mypy_cache"), "pinstage/builders", *(str(tmp / f) for f in files)],
+        [sys.executable, "-m", "mypy", "--config-file", str(tmp_path / "mypy.ini"),
+         "--cache-dir", str(ROOT / "build" / "mypy_cache"), "pinstage/builders", *(str(tmp_path / f) for f in files)],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
-    assert "error:" in result.stdout, result.stdout + result.stderr  # MISUSES must have been checked
-    return [line for line in result.stdout.splitlines() if ": error:" in line]
-
-
-def test_builders_readme_example_and_engine_shaped_objects_type_check(mypy_errors):
-    assert [e for e in mypy_errors if "misuses.py" not in e] == []
-
-
-def test_type_checker_flags_each_misuse(mypy_errors):
-    flagged = {int(m) for e in mypy_errors for m in re.findall(r"misuses\.py:(\d+): error", e)}
-    assert flagged == {5, 6, 7, 8}, mypy_errors
+    errors = [line for line in result.stdout.splitlines() if ": error:" in line]
+    assert [e for e in errors if "misuses.py" not in e] == [], result.stdout + result.stderr
+    flagged = {int(m) for e in errors for m in re.findall(r"misuses\.py:(\d+): error", e)}
+    assert flagged == {5, 6, 7, 8}, result.stdout + result.stderr
 
 
 @pytest.mark.parametrize(
