@@ -208,6 +208,8 @@ def test_filter_and_append_tokens_check_their_arguments():
         state.append_tokens(np.zeros(2, dtype=np.int64))
     with pytest.raises(TypeError, match="must be integers"):
         state.append_tokens(np.zeros(3, dtype=np.float32))
+    with pytest.raises(TypeError, match=r"token 2 must be an int, got float 3.0"):
+        state.append_tokens([1, 2, 3.0])
     assert state.decode_inputs(device="cpu").input_ids.tolist() == [1, 2, 3]
 
 
@@ -253,11 +255,16 @@ def test_empty_and_integer_slot_types_are_accepted(method):
         assert state.decode_inputs(device="cpu").input_ids.tolist() == expected, (method, slots)
 
 
-@pytest.mark.parametrize("token", [2**63, 2**64 - 1])
-def test_append_tokens_refuses_uint64_beyond_int64_as_add_does(token):
+@pytest.mark.parametrize("token", [2**63, 2**64 - 1, 2**70])
+@pytest.mark.parametrize("kind", ["uint64 array", "uint64 tensor", "list"])
+def test_append_tokens_refuses_tokens_beyond_int64_as_add_does(token, kind):
+    if kind != "list" and token >= 2**64:
+        pytest.skip("not a uint64")
     state = three_requests()
-    tokens = np.array([7, token, 9], dtype=np.uint64)
-    with pytest.raises(ValueError, match=rf"BatchState.append_tokens: token 1 = {token} is outside int64"):
+    tokens = {"uint64 array": lambda: np.array([7, token, 9], dtype=np.uint64),
+              "uint64 tensor": lambda: torch.tensor(np.array([7, token, 9], dtype=np.uint64)),
+              "list": lambda: [7, token, 9]}[kind]()
+    with pytest.raises(ValueError, match=rf"BatchState.append_tokens: token 1 must be in \[-{2**63}, {2**63 - 1}\], got {token}$"):
         state.append_tokens(tokens)
     with pytest.raises(ValueError, match="last token id must be in"):
         state.add(Request([token]))

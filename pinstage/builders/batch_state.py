@@ -97,8 +97,8 @@ class BatchState:
         tokens = request.output_ids or request.origin_input_ids
         if not len(tokens):
             raise ValueError("BatchState.add: origin_input_ids and output_ids are both empty, so it has no last token")
-        last = _checked_int("last token id", tokens[-1], *_INT64)
-        row = _checked_int("req_pool_idx", pool_row("BatchState.add", request), 0, _INT64[1])
+        last = _checked_int("BatchState.add", "last token id", tokens[-1], *_INT64)
+        row = _checked_int("BatchState.add", "req_pool_idx", pool_row("BatchState.add", request), 0, _INT64[1])
         params = request.sampling_params
         check_sampling_fields(params, "BatchState.add: sampling_params")
         penalties = penalty_row(params)
@@ -188,24 +188,26 @@ class BatchState:
         self._version += 1
 
     def append_tokens(self, tokens: Union[npt.NDArray[np.integer[Any]], torch.Tensor, Sequence[int]]) -> None:
-        """One sampled token per request, in slot order (a numpy array or CPU tensor of ints): each
-        becomes its request's last token and its length grows by one. A uint64 token beyond int64 is
-        refused (ValueError), as add() refuses it; the state is unchanged then."""
-        if isinstance(tokens, torch.Tensor):
-            tokens = tokens.numpy()
-        tokens = np.asarray(tokens)
+        """One sampled token per request, in slot order (a numpy array or CPU tensor of ints; a list
+        works too): each becomes its request's last token and its length grows by one. A token
+        beyond int64 is refused (ValueError), as add() refuses it, not wrapped to a negative id; the
+        state is unchanged then."""
+        where = "BatchState.append_tokens"
+        given = tokens.numpy() if isinstance(tokens, torch.Tensor) else tokens
+        values = np.asarray(given)
         n = self._size
-        if tokens.shape != (n,):
-            raise ValueError(f"BatchState.append_tokens: expected {n} tokens (one per request), got shape {tokens.shape}")
-        if tokens.dtype.kind not in "iu":
-            raise TypeError(f"BatchState.append_tokens: tokens must be integers, got {tokens.dtype}")
-        if tokens.dtype == np.uint64 and n and tokens.max() > _INT64[1]:
-            # Refused as add() refuses it: stored, it would wrap to a negative id.
-            i = int(np.argmax(tokens > _INT64[1]))
-            raise ValueError(
-                f"BatchState.append_tokens: token {i} = {int(tokens[i])} is outside int64 [{_INT64[0]}, {_INT64[1]}]"
-            )
-        self._cols["last_token_ids"][:n] = tokens
+        if values.shape != (n,):
+            raise ValueError(f"{where}: expected {n} tokens (one per request), got shape {values.shape}")
+        if values.dtype.kind not in "iu" and not isinstance(given, np.ndarray):
+            # numpy made the list one type (float64 for [5, 2**64 - 1]): name the entry as given.
+            for i, value in enumerate(given):
+                _checked_int(where, f"token {i}", value, *_INT64)
+        if values.dtype.kind not in "iu":
+            raise TypeError(f"{where}: tokens must be integers, got {values.dtype}")
+        if values.dtype == np.uint64 and n and values.max() > _INT64[1]:
+            i = int(np.argmax(values > _INT64[1]))
+            _checked_int(where, f"token {i}", int(values[i]), *_INT64)
+        self._cols["last_token_ids"][:n] = values
         self._cols["seq_lens"][:n] += 1
 
     # ----------------------------------------------------------------------------- flags
@@ -293,9 +295,9 @@ class BatchState:
             self._cols[name] = grown
 
 
-def _checked_int(field: str, value: object, lo: int, hi: int) -> int:
+def _checked_int(where: str, field: str, value: object, lo: int, hi: int) -> int:
     if not is_integer_entry(value):
-        raise TypeError(f"BatchState.add: {field} must be an int, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{where}: {field} must be an int, got {type(value).__name__} {value!r}")
     if not lo <= value <= hi:
-        raise ValueError(f"BatchState.add: {field} must be in [{lo}, {hi}], got {value!r}")
+        raise ValueError(f"{where}: {field} must be in [{lo}, {hi}], got {value!r}")
     return int(value)
