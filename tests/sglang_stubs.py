@@ -263,3 +263,41 @@ class SchedulerWorld:
                                                False, self.sg.SpeculativeAlgorithm.NONE)
         batch.prepare_for_extend()
         return batch
+
+
+def write_carried_copy(root, dest):
+    """Copies into `dest`, marked complete, the .py files of every folder of `root` from which
+    importing SGLang's scheduler modules loads a module (whole folders: on a GPU, SGLang imports a
+    few other siblings), and the package metadata: the folder to carry to a machine without a
+    package index (engine_source finds it at .engines/<name>-<version>)."""
+    import pathlib
+    import shutil
+
+    root, dest = pathlib.Path(root).resolve(), pathlib.Path(dest)
+    import_sglang(root)
+    loaded = {pathlib.Path(m.__file__).resolve() for m in list(sys.modules.values()) if getattr(m, "__file__", None)}
+    folders = {f.parent for f in loaded if f.is_relative_to(root)}
+    files = {f for folder in folders for f in folder.glob("*.py")} | set(root.glob("*.dist-info/METADATA"))
+    shutil.rmtree(dest, ignore_errors=True)
+    for source in files:
+        target = dest / source.relative_to(root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+    (dest / ".complete").write_text(f"subset of {root}: {len(files)} files\n")
+    return len(files), sum(f.stat().st_size for f in files)
+
+
+if __name__ == "__main__":
+    # python tests/sglang_stubs.py: the SGLang subset the tests import, into .engines/ for the GPU machine
+    import pathlib
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    from engine_source import REPO, engine_root
+    from test_sglang_integration import PREFIXES, VERSION
+
+    import shutil
+
+    folder = f"sglang-{VERSION}"
+    shutil.rmtree(REPO / ".engines" / folder, ignore_errors=True)  # else engine_root would offer it as the source
+    count, size = write_carried_copy(engine_root("sglang", VERSION, PREFIXES), REPO / ".engines" / folder)
+    print(f".engines/{folder}: {count} files, {size / 2**20:.1f} MiB")

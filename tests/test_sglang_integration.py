@@ -304,3 +304,69 @@ def test_importing_pinstage_does_not_import_sglang():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_patched_functions_do_not_wait_for_the_gpu(sg, device):
+    """Each replaced function gives SGLang's results; on CUDA, called with a long kernel queued on
+    the current stream, it runs under torch's sync-debug "error" mode and returns while that kernel
+    still runs."""
+    import sglang_stubs
+    from builders_support import run_while_stream_busy
+
+    def prefilled():
+        rng = random.Random(7)
+        world = sglang_stubs.SchedulerWorld(sg, device)
+        reqs = []
+        for _ in range(64):
+            req = world.request([rng.randrange(1000) for _ in range(rng.randint(2, 30))],
+                                random_params(rng, penalties=True, seeds=False), return_logprob=True, logprob_start_len=0)
+            world.admit(req)
+            reqs.append(req)
+        batch = world.prefill_batch(reqs)
+        for r in batch.reqs:
+            r.output_ids.append(rng.randrange(1000))
+        return world, batch
+
+    def steps(world, batch):
+        hidden = torch.ones(sum(batch.extend_lens), 1, device=device)
+        metadata = type("LogitsMetadata", (), {})()
+        metadata.forward_mode, metadata.extend_return_logprob = sg.ForwardMode.EXTEND, True
+        metadata.extend_seq_lens_cpu = batch.extend_lens
+        metadata.extend_logprob_start_lens_cpu = batch.extend_logprob_start_lens
+        out_cache_loc = world.allocator.alloc(3)
+        rows = torch.tensor([1, 2, 3])
+        lens = [torch.tensor(v) for v in ([0, 2, 0], [1, 3, 1], [1, 1, 1])]  # prefix, seq, extend
+        prefix = [sg.allocation._EMPTY_PREFIX, world.allocator.alloc(2), sg.allocation._EMPTY_PREFIX]
+        frequency = batch.sampling_info.penalizer_orchestrator.penalizers[
+            sg.sampling_batch_info.penaltylib.BatchedFrequencyPenalizer]
+        return {  # each returns what it made; read only after the GPU is done
+            "from_schedule_batch": lambda: sg.SamplingBatchInfo.from_schedule_batch(batch, world.vocab_size),
+            "cumulate_penalty_output_tokens": lambda: batch.cumulate_penalty_output_tokens() or frequency,
+            "pruned states": lambda: sg.LogitsProcessor._get_pruned_states(None, hidden, None, None, metadata)[3:5],
+            "write_cache_indices": lambda: sg.allocation.write_cache_indices(
+                out_cache_loc, rows.to(device), rows, lens[0].to(device), lens[0], lens[1].to(device), lens[1],
+                lens[2].to(device), lens[2], prefix, world.pool) or world.pool.req_to_token[1:4],
+            "filter_batch": lambda: batch.filter_batch(keep_indices=[0, 5, 9]) or batch,
+        }
+
+    def as_data(made):
+        if isinstance(made, sg.ScheduleBatch):
+            return snapshot(made)
+        if isinstance(made, sg.SamplingBatchInfo):
+            return plain_fields(made, [f.name for f in dataclasses.fields(made)])
+        if isinstance(made, (tuple, torch.Tensor)):
+            return plain(made)
+        return plain_fields(made, sorted(vars(made)))
+
+    world, batch = prefilled()
+    expected = {name: as_data(step()) for name, step in steps(world, batch).items()}
+    world, batch = prefilled()
+    with pinstage_sglang.enabled():
+        for name, step in steps(world, batch).items():
+            if device == "cuda":
+                result, still_running = run_while_stream_busy(step, torch.cuda.current_stream())
+                assert still_running, f"{name} waited for the GPU"
+            else:
+                result = step()
+            assert as_data(result) == expected[name], name
