@@ -80,10 +80,7 @@ def make_calls(sg, device, bs, vocab_size, decode_steps):
     cache_args = (batch.out_cache_loc, rows_cpu.to(device), rows_cpu, lens["prefix"].to(device), lens["prefix"],
                   lens["seq"].to(device), lens["seq"], lens["extend"].to(device), lens["extend"], prefixes, world.pool)
 
-    metadata = type("LogitsMetadata", (), {})()
-    metadata.forward_mode, metadata.extend_return_logprob = sg.ForwardMode.EXTEND, True
-    metadata.extend_seq_lens_cpu = batch.extend_lens
-    metadata.extend_logprob_start_lens_cpu = batch.extend_logprob_start_lens
+    metadata = sglang_stubs.logits_metadata(sg, batch)
     hidden = torch.zeros(sum(batch.extend_lens), 8, device=device)
     return {
         "from_schedule_batch": lambda: sg.SamplingBatchInfo.from_schedule_batch(batch, vocab_size),

@@ -9,6 +9,8 @@ runs them, so `msgspec` here is a small dataclass-based equivalent of the parts 
 
 `installed()` puts the stand-ins in sys.modules while SGLang is imported and then restores what was
 there, so that other tests importing the real packages (transformers, ...) are unaffected.
+`import_sglang()` imports the scheduler modules that way; `SchedulerWorld` is a scheduler's memory
+made of SGLang's own classes, for the tests and bench/sglang_host.py.
 """
 import contextlib
 import dataclasses
@@ -209,6 +211,14 @@ def import_sglang(root):
         CacheInitParams=CacheInitParams, ForwardMode=ForwardMode, SpeculativeAlgorithm=SpeculativeAlgorithm,
         LogitsProcessor=logits_processor.LogitsProcessor,
     )
+
+
+def logits_metadata(sg, batch):
+    """What LogitsProcessor._get_pruned_states reads of a prefill with input logprobs, from the
+    batch's extend lengths (a ForwardBatch's LogitsMetadata carries the same lists)."""
+    return types.SimpleNamespace(forward_mode=sg.ForwardMode.EXTEND, extend_return_logprob=True,
+                                 extend_seq_lens_cpu=batch.extend_lens,
+                                 extend_logprob_start_lens_cpu=batch.extend_logprob_start_lens)
 
 
 class SchedulerWorld:

@@ -91,11 +91,9 @@ def test_decode_and_penalty_inputs_equal_sglangs(sg, device, bs, monkeypatch):  
 @pytest.mark.parametrize("bs", BATCH_SIZES)
 def test_logprob_indices_equal_sglangs(sg, device, bs):  # noqa: F811
     _, batch = sglang_batch(sg, device, bs, seed=bs, logprobs=True)
-    metadata = type("LogitsMetadata", (), {})()
-    metadata.forward_mode = sg.ForwardMode.EXTEND
-    metadata.extend_return_logprob = True
-    metadata.extend_seq_lens_cpu = batch.extend_lens
-    metadata.extend_logprob_start_lens_cpu = batch.extend_logprob_start_lens
+    import sglang_stubs
+
+    metadata = sglang_stubs.logits_metadata(sg, batch)
     hidden = torch.zeros(sum(batch.extend_lens), 1, device=device)
     _, _, _, sample_indices, input_logprob_indices, _ = sg.LogitsProcessor._get_pruned_states(
         None, hidden, None, None, metadata)

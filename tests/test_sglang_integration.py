@@ -104,11 +104,9 @@ def snapshot(batch):
 
 def pruned_indices(sg, batch, hidden):
     """The logits processor's sample and input-logprob indices for a prefill with input logprobs."""
-    metadata = type("LogitsMetadata", (), {})()
-    metadata.forward_mode = sg.ForwardMode.EXTEND
-    metadata.extend_return_logprob = True
-    metadata.extend_seq_lens_cpu = batch.extend_lens
-    metadata.extend_logprob_start_lens_cpu = batch.extend_logprob_start_lens
+    import sglang_stubs
+
+    metadata = sglang_stubs.logits_metadata(sg, batch)
     states = hidden[: sum(batch.extend_lens)]
     result = sg.LogitsProcessor._get_pruned_states(None, states, None, None, metadata)
     return [plain(x) for x in result] + [plain_fields(metadata, ["sample_indices_cpu", "input_logprob_indices_cpu"])]
@@ -330,10 +328,7 @@ def test_patched_functions_do_not_wait_for_the_gpu(sg, device):
 
     def steps(world, batch):
         hidden = torch.ones(sum(batch.extend_lens), 1, device=device)
-        metadata = type("LogitsMetadata", (), {})()
-        metadata.forward_mode, metadata.extend_return_logprob = sg.ForwardMode.EXTEND, True
-        metadata.extend_seq_lens_cpu = batch.extend_lens
-        metadata.extend_logprob_start_lens_cpu = batch.extend_logprob_start_lens
+        metadata = sglang_stubs.logits_metadata(sg, batch)
         out_cache_loc = world.allocator.alloc(3)
         rows = torch.tensor([1, 2, 3])
         lens = [torch.tensor(v) for v in ([0, 2, 0], [1, 3, 1], [1, 1, 1])]  # prefix, seq, extend

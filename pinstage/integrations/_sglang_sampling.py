@@ -35,7 +35,8 @@ def make_from_schedule_batch(sglang_from_schedule_batch, module):
     def from_schedule_batch(cls, batch, vocab_size):
         reqs = batch.reqs
         n = len(reqs)
-        features = module.get_exec().features
+        settings = module.get_exec()
+        features = settings.features
         params = list(map(_PARAMS, reqs))
         masks = list(map(_MASK, reqs))
         if (
@@ -49,7 +50,7 @@ def make_from_schedule_batch(sglang_from_schedule_batch, module):
         temperatures, top_ps, top_ks, min_ps = zip(*map(_SAMPLING, params)) if n else ((), (), (), ())
         items = [(temperatures, torch.float32), (top_ps, torch.float32), (top_ks, torch.int32),
                  (min_ps, torch.float32)]
-        deterministic = module.get_exec().deterministic.enable_deterministic_inference
+        deterministic = settings.deterministic.enable_deterministic_inference
         if deterministic:
             items.append(([DEFAULT_SEED if s is None else s for s in map(_SEED, params)], torch.int64))
         staged = pinstage.stage_many(items, device=batch.device)
