@@ -8,6 +8,7 @@ Where it comes from, first match wins:
 Only the wheel's .py files under the given prefixes are unpacked. If none works, the caller's tests
 skip with the reason: they never pass without the engine's code.
 """
+import fcntl
 import os
 import pathlib
 import shutil
@@ -72,8 +73,11 @@ def engine_root(name, version, prefixes):
     if carried is not None:
         return carried
     cached = CACHE / folder
-    if not (cached / _COMPLETE).exists():
-        why = _download(name, version, cached, prefixes)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    # pytest-xdist's workers ask at once: one downloads, the others wait here and find the cache.
+    with open(CACHE / (folder + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        why = None if (cached / _COMPLETE).exists() else _download(name, version, cached, prefixes)
         if why is not None:
             pytest.skip("%s %s's source is not here: no carried copy (.engines/%s or $PINSTAGE_ENGINE_SRC), "
                         "no cache (%s), and %s" % (name, version, folder, cached, why))

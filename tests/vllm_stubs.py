@@ -5,13 +5,11 @@ v1/utils.py, v1/worker/gpu/buffer_utils.py); what they import for other purposes
 usage stats, the scheduler's output, vLLM's logger and platform detection, its compiled ops) is a
 stand-in here, so that the unpacked subset stays small and imports without vLLM's dependencies.
 """
-import fcntl
 import importlib
 import logging
 import os
 import re
 import sys
-import tempfile
 import types
 
 import torch
@@ -161,11 +159,7 @@ def unload_vllm():
 
 def load_vllm():
     """vLLM 0.33's (torch_utils, v1_utils, buffer_utils) modules, or pytest.skip saying why not."""
-    # pytest-xdist's workers load it at once: one downloads, the others wait and find the cache
-    # (two unpacking into one folder would delete files the other is importing).
-    with open(os.path.join(tempfile.gettempdir(), "pinstage-vllm-%s.lock" % VLLM_VERSION), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        root = engine_root("vllm", VLLM_VERSION, VLLM_FILES)
+    root = engine_root("vllm", VLLM_VERSION, VLLM_FILES)
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))  # also where importlib.metadata finds vLLM's version
     sys.modules.update(_parked)
