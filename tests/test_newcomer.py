@@ -53,9 +53,11 @@ def test_a_source_folder_that_shadows_a_built_pinstage_says_so(tmp_path):
 
 def test_an_unbuilt_checkout_alone_is_not_called_shadowing(tmp_path):
     shutil.copytree(PACKAGE, tmp_path / "pinstage", ignore=shutil.ignore_patterns("_C*.so", "__pycache__"))
-    proc = subprocess.run([sys.executable, "-S", "-c", "import sys; sys.path[:0] = [''] + %r; import pinstage" % (
-        [p for p in sys.path if os.path.isdir(os.path.join(p, "torch"))],)], cwd=tmp_path, capture_output=True,
-        text=True, timeout=120)
+    # Only torch's folder on the path (no site .pth files, no PYTHONPATH): no other pinstage to find.
+    torch_only = [p for p in sys.path if os.path.isdir(os.path.join(p, "torch"))]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-S", "-c", "import sys; sys.path[:0] = [''] + %r; import pinstage"
+                           % (torch_only,)], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode != 0
     assert "is not built. Build it with `pip install --no-build-isolation .`" in proc.stderr
     assert "shadows" not in proc.stderr
