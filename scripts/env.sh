@@ -14,7 +14,7 @@ elif python3 -c "import torch" 2>/dev/null; then
   PY="$(command -v python3)"
 else
   say "no torch found: creating .venv and installing torch 2.14.1 (a CUDA build: about 5.5 GB on disk;"
-  say "about a minute from a warm pip cache, longer when it must download) with numpy, ninja, pytest, pytest-xdist, hypothesis, matplotlib, mypy"
+  say "1.5-3.5 minutes from a warm pip cache, longer when it must download) with numpy, ninja, pytest, pytest-xdist, hypothesis, matplotlib, mypy"
   python3 -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip >&2 || true
   .venv/bin/python -m pip install -q "torch==2.14.1" numpy ninja pytest pytest-xdist hypothesis matplotlib mypy setuptools wheel >&2
