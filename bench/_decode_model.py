@@ -198,6 +198,31 @@ class Snapshot:
             dst.copy_(src, non_blocking=True)
 
 
+class PackedPinnedBuffer:
+    """The unguarded single copy: a persistent pinned mirror of the static inputs' allocation; each
+    step the host writes every field's rows and fill into it and one copy per allocation moves it
+    all. The host rewrites it every step whether or not the last copy has read it: unsafe on reuse,
+    timing only (the baseline StaticInputs' ring is measured against)."""
+
+    def __init__(self, inputs, fields):
+        self.pairs = [(whole, torch.empty(whole.shape, dtype=torch.uint8, pin_memory=whole.is_cuda))
+                      for whole in _allocations(inputs)]
+        self.columns, self.fills = {}, {name: fill for name, (_, fill) in fields.items()}
+        for name in inputs.names:
+            view = inputs[name]
+            whole, host = next((w, h) for w, h in self.pairs if w.data_ptr() == view.untyped_storage().data_ptr())
+            start = view.data_ptr() - whole.data_ptr()
+            self.columns[name] = host[start : start + view.numel() * view.element_size()].view(view.dtype).numpy()
+
+    def write(self, values, n):
+        for name, v in values.items():
+            column = self.columns[name]
+            column[:n] = v
+            column[n:] = self.fills[name]
+        for dst, src in self.pairs:
+            dst.copy_(src, non_blocking=True)
+
+
 def _allocations(inputs):
     """Byte tensors over the distinct allocations behind the views of `inputs`."""
     out = {}

@@ -22,6 +22,8 @@ values come from and how they reach the device (the table's legend says which pa
   vllm_buffer      numpy state -> persistent pinned buffer per field -> copy_to_gpu(n) (vLLM's CpuGpuBuffer;
                    it rewrites pinned memory an earlier copy may still read: timing only)
   pinstage_state   numpy state -> pinstage.stage_into, one per field
+  packed_buffer    numpy state -> one persistent pinned buffer laid out like the static inputs -> one
+                   copy (the unguarded single copy; it races on reuse like vllm_buffer: timing only)
   pinstage_static  numpy state -> pinstage.StaticInputs.stage: every field in one copy
   ideal_same_host  the state backends' host work (bookkeeping, the values), then one device-to-device
                    copy of inputs recorded on the device: its ratio to a state backend is staging alone
@@ -33,8 +35,9 @@ pinstage); the ideals replay them. Rows past the batch must hold the padding row
 per-field backends fill the three address fields there with device fills when the batch shrinks,
 StaticInputs writes every field's fill in its one copy. Each backend runs --repeats times, in an
 order rotated between rounds; medians and min-max are reported, and the gains of one step at a time
-(numpy state over request objects, the ring over pinned tensors, one copy over one per field). Every backend must generate the same tokens (asserted;
-vllm_buffer's differences are counted, as its race may show).
+(numpy state over request objects, the ring over pinned tensors, one copy over one per field, and
+the ring's cost against the unguarded single copy). Every backend must generate the same tokens
+(asserted; the unsafe baselines' differences are counted, as their races may show).
 """
 import argparse
 import dataclasses
@@ -54,7 +57,9 @@ sys.path.insert(0, os.path.dirname(HERE))
 import _report  # noqa: E402
 from _baselines import CpuGpuBuffer  # noqa: E402
 import pinstage  # noqa: E402
-from _decode_model import DecodeGraphs, SamplerInputs, Snapshot, TinyDecoder, sample, sleep_cycles_per_us  # noqa: E402
+from _decode_model import (  # noqa: E402
+    DecodeGraphs, PackedPinnedBuffer, SamplerInputs, Snapshot, TinyDecoder, sample, sleep_cycles_per_us,
+)
 from pinstage.builders import (  # noqa: E402
     BatchState, Request, SamplingParams, build_logprob_indices, build_sampling_batch, write_cache_indices,
 )
@@ -75,6 +80,8 @@ BACKENDS = {
     "vllm_buffer": Backend("state", "vllm_buffer", "pinned",
                            "numpy state -> vLLM CpuGpuBuffer.copy_to_gpu per field (unsafe on reuse)"),
     "pinstage_state": Backend("state", "stage_into", "pinstage", "numpy state -> pinstage.stage_into per field"),
+    "packed_buffer": Backend("state", "packed_buffer", "pinned",
+                             "numpy state -> one pinned buffer like the inputs, one copy (unsafe on reuse)"),
     "pinstage_static": Backend("state", "static_inputs", "pinstage",
                                "numpy state -> pinstage.StaticInputs.stage: one copy"),
     "ideal_same_host": Backend("state", "snapshot", "replay", "ideal, same host work: state bookkeeping, no staging"),
@@ -85,12 +92,15 @@ GAINS = {
     "layout gain": ("sglang_state", "pinned"),  # numpy state instead of request objects, same copies
     "ring gain": ("pinstage_state", "sglang_state"),  # pinstage instead of a pinned tensor per field, same state
     "one-copy gain": ("pinstage_static", "pinstage_state"),  # one copy for every field instead of one each
+    "ring's cost": ("pinstage_static", "packed_buffer"),  # the same one copy, guarded by the ring or not
 }
 RECORDER = "pinstage_state"  # the untimed run whose device inputs the ideals replay
+UNSAFE = ("vllm_buffer", "packed_buffer")  # baselines that rewrite pinned memory a copy may still read
 PENDING = -1  # an output token sampled on the device, not read back yet
 
 # Checks (same run, H200).
 STATIC_OF_SAME_HOST = 0.99  # pinstage_static / ideal_same_host, 0.2 and 1 ms, every batch size
+STATIC_OF_PACKED = 0.99  # pinstage_static / packed_buffer (the ring's cost), every configuration
 STATIC_OF_IDEAL_1MS = 0.97  # pinstage_static / ideal, 1 ms
 STATE_OF_IDEAL_1MS = 0.97  # pinstage_state / ideal, 1 ms
 STAGE_OVER_BLOCKING_SMALL = 1.25  # pinstage_list and pinstage_state / blocking, bs 1-8, 0.2 ms
@@ -214,6 +224,7 @@ class Loop:
         self.state = BatchState(capacity=2 * cfg.batch_size) if self.kind.source == "state" else None
         self.vllm = {name: CpuGpuBuffer(graphs.inputs[name]) for name in graphs.fields} \
             if self.kind.copy == "vllm_buffer" else None
+        self.packed = PackedPinnedBuffer(graphs.inputs, graphs.fields) if self.kind.copy == "packed_buffer" else None
         self.free_rows = list(range(model.rows))
         self.tokens: Dict[int, List[int]] = {}
         self.next_ids = torch.zeros(0, dtype=torch.int64, device=self.dev)
@@ -343,6 +354,8 @@ class Loop:
         values, inputs, copy = self.decode_values(), self.graphs.inputs, self.kind.copy
         if copy == "static_inputs":
             inputs.stage(values, bs)  # rows bs.. take each field's fill value in the same copy
+        elif copy == "packed_buffer":
+            self.packed.write(values, bs)
         else:
             if self.filled > bs:
                 self.graphs.pad(bs, self.filled)
@@ -546,9 +559,9 @@ def run_config(cfg, dev, cycles_per_us, repeats=3, backends=None):
 
 def _other_tokens(backend, tokens, reference):
     """How many requests got other tokens than the recorded run; any is an error but for the
-    vllm_buffer baseline, whose pinned buffers an in-flight copy may still read."""
+    unsafe baselines, whose pinned buffers an in-flight copy may still read."""
     bad = sorted(rid for rid in set(reference) | set(tokens) if reference.get(rid) != tokens.get(rid))
-    assert not bad or backend == "vllm_buffer", (
+    assert not bad or backend in UNSAFE, (
         "%s generated other tokens than %s for %d request(s), e.g. request %d: %s vs %s"
         % (backend, RECORDER, len(bad), bad[0], tokens.get(bad[0]), reference.get(bad[0])))
     return len(bad)
@@ -595,6 +608,8 @@ def checks(rows):
         out.append(_report.check(what, r, ">= %g" % need, None if r is None else r >= need))
 
     for (bs, ms) in sorted(by):
+        add("bs %d, %g ms: pinstage_static / packed_buffer tokens/s" % (bs, ms),
+            ratio(bs, ms, "pinstage_static", "packed_buffer"), STATIC_OF_PACKED)
         if ms in (0.2, 1.0):
             add("bs %d, %g ms: pinstage_static / ideal_same_host tokens/s" % (bs, ms),
                 ratio(bs, ms, "pinstage_static", "ideal_same_host"), STATIC_OF_SAME_HOST)
@@ -641,10 +656,12 @@ def print_tables(rows):
         print("  %-16s %s" % (name, BACKENDS[name].title))
     for label, (a, b) in GAINS.items():
         print("  %-16s %s / %s tokens/s" % (label, a, b))
-    other = {(r["batch_size"], r["forward_ms"]): r["backends"]["vllm_buffer"]["requests_with_other_tokens_range"][1]
-             for r in rows if "vllm_buffer" in r["backends"]}
-    if any(other.values()):
-        print("  vllm_buffer generated other tokens (its race) at (bs, forward ms): %s" % {k: v for k, v in other.items() if v})
+    for name in UNSAFE:
+        other = {(r["batch_size"], r["forward_ms"]): r["backends"][name]["requests_with_other_tokens_range"][1]
+                 for r in rows if name in r["backends"]}
+        if any(other.values()):
+            print("  %s generated other tokens (its race) for requests at (bs, forward ms): %s"
+                  % (name, {k: v for k, v in other.items() if v}))
 
 
 def plot(path, rows, meta):
