@@ -31,7 +31,12 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 def sg():
     import sglang_stubs
 
-    return sglang_stubs.import_sglang(engine_root("sglang", VERSION, PREFIXES))
+    root = engine_root("sglang", VERSION, PREFIXES)
+    missing = [p for p in PREFIXES if not (root / p).exists()]
+    if missing:
+        pytest.fail(f"{root} lacks {missing} (unpacked for fewer files than these tests import): delete it, "
+                    "and the next run unpacks the wheel again")
+    return sglang_stubs.import_sglang(root)
 
 
 @pytest.fixture(autouse=True)
