@@ -3,8 +3,9 @@
 # stress the ring, the benchmarks, the stress run. Logs, JSON and plots go to $OUT.
 # Usage: OUT=/some/dir bash bench/gpu_round.sh [tests] [sanitizer] [bench] [decode] [stress] [quick] [pack]
 #   (no stage named: all of them; "quick" shortens the benchmarks; "pack" leaves one round.tgz in $OUT)
-#   DECODE_ARGS: the decode loop's arguments (default "--steps 500 --repeats 3": about 6-7 minutes on an
-#   H200; "--steps 500 --repeats 3 --forward-ms 0.2,1", then "... --forward-ms 5", split it in two calls)
+#   DECODE_ARGS: the decode loop's arguments (default "--steps 300 --repeats 3": 12 configurations x 31
+#   runs, estimated 5 minutes on an H200, most of it at 5 ms; add "--forward-ms 0.2,1" and
+#   "--forward-ms 5" to split it over two calls)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-bench/out/gpu}"
@@ -77,7 +78,7 @@ fi
 
 if has decode; then
   stamp "decode loop"
-  python3 bench/decode_loop.py $quick ${DECODE_ARGS:---steps 500 --repeats 3} --json "$OUT/decode_loop.json" \
+  python3 bench/decode_loop.py $quick ${DECODE_ARGS:---steps 300 --repeats 3} --json "$OUT/decode_loop.json" \
     > "$OUT/decode_loop.log" 2>"$OUT/decode_loop.err"
   echo "decode loop exit: $?"
   cat "$OUT/decode_loop.log"
