@@ -4,6 +4,7 @@
     ids = pinstage.stage_to_device(last_token_ids, torch.int64)           # current stream
     temps, top_ps = pinstage.stage_many([(t, torch.float32), (p, torch.float32)], stream)
     pinstage.stage_into(positions, graph_static_input)                    # before graph.replay()
+    inputs.stage({"input_ids": ids, "positions": pos}, n)                 # a StaticInputs: one copy
     with pinstage.fetch_to_host(next_tokens) as tokens:                   # device -> host, no wait
         ...
 
@@ -50,6 +51,7 @@ except ImportError as _exc:
 
 from . import _fallback, testing
 from ._version import __version__
+from ._static_inputs import Field, StaticInputs
 from ._api import (
     FetchHandle,
     RingFullError,
@@ -68,7 +70,9 @@ _fallback.register_buffer_types()
 
 __all__ = [
     "FetchHandle",
+    "Field",
     "RingFullError",
+    "StaticInputs",
     "configure",
     "empty_cache",
     "fetch_many",

@@ -19,6 +19,7 @@ if not torch.cuda.is_available():
 import numpy as np  # noqa: E402
 
 import pinstage  # noqa: E402
+from gpu_busy import CYCLES_PER_US, assert_still_busy, busy  # noqa: E402
 from staging_reference import (  # noqa: E402
     DTYPES,
     NUMPY_OF,
@@ -33,9 +34,6 @@ from threads import run_in_threads  # noqa: E402
 DTYPE_IDS = [dtype_name(d) for d in DTYPES]
 # Building numpy inputs from out-of-range doubles (inf by design) makes numpy warn.
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
-# torch.cuda._sleep counts GPU cycles; sleeps are sized for a ~2 GHz clock. No test concludes anything
-# from how long a call took: "the host did not wait" is an event still pending after the call.
-CYCLES_PER_US = 2000
 SMALL_RING = 4096
 STATS_KEYS = (
     "ring_bytes",
@@ -48,22 +46,6 @@ STATS_KEYS = (
     "wraps",
     "events_created",
 )
-
-
-def busy(ms, stream=None):
-    """Queue ms of GPU sleep on stream (default: current); returns an event that completes after it."""
-    stream = stream or torch.cuda.current_stream()
-    with torch.cuda.stream(stream):
-        torch.cuda._sleep(int(ms * 1000 * CYCLES_PER_US))
-        done = torch.cuda.Event()
-        done.record(stream)
-    return done
-
-
-def assert_still_busy(done, what):
-    # Not an assertion about pinstage: it guards the test's premise (work was issued while the GPU
-    # was busy). If it fires, the sleep is too short for this machine; lengthen it.
-    assert not done.query(), "the GPU finished its sleep before %s; the test proved nothing" % what
 
 
 # The device's launch queue holds about a thousand operations; past that the host blocks inside

@@ -17,6 +17,7 @@
 #include "ring/registry.h"
 #include "stage/fetch.h"
 #include "stage/stage.h"
+#include "stage/static_inputs.h"
 #include "stage/target.h"
 
 namespace py = pybind11;
@@ -169,6 +170,17 @@ std::vector<at::Tensor> tensors_arg(py::handle tensors, const char* api) {
   return out;
 }
 
+// (name, dtype, row shape, fill as a 0-d CPU tensor) per field, as pinstage.StaticInputs passes them.
+std::vector<StaticFieldSpec> static_field_specs(py::handle fields) {
+  std::vector<StaticFieldSpec> specs;
+  for (py::handle item : fields) {
+    auto spec = item.cast<py::tuple>();
+    specs.push_back({spec[0].cast<std::string>(), parse_dtype(spec[1].ptr(), "Field dtype"),
+                     spec[2].cast<std::vector<int64_t>>(), spec[3].cast<at::Tensor>()});
+  }
+  return specs;
+}
+
 }  // namespace
 
 PyObject* ring_full_error_type() { return g_ring_full_error; }
@@ -236,6 +248,16 @@ PYBIND11_MODULE(_C, m) {
   m.def("fetch", [](py::handle tensors, py::handle stream) {
     return translate_errors([&] { return FetchHandle::start(tensors_arg(tensors, "fetch_many"), stream.ptr(), "fetch"); });
   });
+
+  py::class_<StaticInputs>(m, "StaticInputs")
+      .def(py::init([](py::handle fields, int64_t max_bs, py::handle device) {
+        return translate_errors([&] { return std::make_unique<StaticInputs>(static_field_specs(fields), max_bs, device.ptr()); });
+      }))
+      .def("stage", [](StaticInputs& s, py::handle values, py::handle n, py::handle stream) {
+        translate_errors([&] { s.stage(values.ptr(), n.ptr(), stream.ptr()); });
+      })
+      .def("views", &StaticInputs::views)
+      .def_property_readonly("device", &StaticInputs::device);
 
   m.def("_set_fallback", [](py::handle fn) { set_fallback(fn.ptr()); });
   m.def("_register_buffer_types", [](py::handle ndarray, py::handle generic, py::handle array) {

@@ -9,6 +9,7 @@
 #include "convert/item_plan.h"
 #include "python/py_objects.h"
 #include "ring/registry.h"
+#include "stage/error_prefix.h"
 #include "stage/target.h"
 
 #ifdef PINSTAGE_WITH_CUDA
@@ -16,6 +17,8 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+
+#include "stage/lease_guard.h"
 #endif
 
 namespace pinstage {
@@ -36,66 +39,10 @@ struct ProfilerRange {
 template <class Fn>
 auto for_item(size_t i, bool name_items, Fn&& fn) -> decltype(fn()) {
   if (!name_items) return fn();
-  try {
-    return fn();
-  } catch (const PythonError&) {
-    // The same exception type, its message prefixed with the item.
-    PyObject *type, *value, *traceback;
-    PyErr_Fetch(&type, &value, &traceback);
-    if (type == nullptr) throw;
-    PyErr_NormalizeException(&type, &value, &traceback);
-    PyRef text(value != nullptr ? PyObject_Str(value) : nullptr);
-    const char* message = text.get() != nullptr ? PyUnicode_AsUTF8(text.get()) : nullptr;
-    if (message == nullptr) PyErr_Clear();
-    PyErr_Format(type, "pinstage.stage_many: item %zu: %s", i, message != nullptr ? message : "(no message)");
-    Py_XDECREF(type);
-    Py_XDECREF(value);
-    Py_XDECREF(traceback);
-    throw PythonError();
-  } catch (const c10::TypeError& e) {
-    TORCH_CHECK_TYPE(false, "pinstage.stage_many: item ", i, ": ", e.what_without_backtrace());
-  } catch (const c10::ValueError& e) {
-    TORCH_CHECK_VALUE(false, "pinstage.stage_many: item ", i, ": ", e.what_without_backtrace());
-  }
+  return with_error_prefix([i] { return "pinstage.stage_many: item " + std::to_string(i); }, std::forward<Fn>(fn));
 }
 
 #ifdef PINSTAGE_WITH_CUDA
-
-// A ring lease that is abandoned unless the copy that uses it was committed: an exception between
-// reserve and copy (bad input, out of device memory) must not leave a region held forever.
-class LeaseGuard {
- public:
-  LeaseGuard(StagingRing& ring, size_t bytes) : ring_(ring) {
-    for (;;) {
-      if (auto lease = ring.try_acquire(bytes)) {
-        lease_ = *lease;
-        return;
-      }
-      GilReleased no_gil;  // on_full="wait": let other Python threads run meanwhile
-      ring.wait_for_oldest();
-    }
-  }
-  ~LeaseGuard() {
-    if (lease_.data != nullptr) ring_.abandon(lease_);
-  }
-  LeaseGuard(const LeaseGuard&) = delete;
-  LeaseGuard& operator=(const LeaseGuard&) = delete;
-
-  uint8_t* data() const { return lease_.data; }
-
-  // Once the copy is enqueued the region must never be given back, even if recording its fence
-  // fails: holding it forever is safe, handing it out again while the copy reads it is not.
-  void copy_and_commit(void* dst, size_t bytes, const c10::cuda::CUDAStream& stream) {
-    copy_async(dst, lease_.data, bytes, cudaMemcpyHostToDevice, stream.stream());
-    HostLease enqueued = lease_;
-    lease_ = HostLease{};
-    ring_.commit(enqueued, stream.stream());
-  }
-
- private:
-  StagingRing& ring_;
-  HostLease lease_;
-};
 
 // Allocates on `stream` through the caching allocator, exactly as a torch op on that stream would
 // (the allocator files the block under the current stream). empty_generic is what at::empty does

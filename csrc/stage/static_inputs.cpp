@@ -1,0 +1,241 @@
+#include "stage/static_inputs.h"
+
+#include <ATen/ops/empty.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+#include "ring/options.h"
+#include "ring/registry.h"
+#include "stage/error_prefix.h"
+#include "stage/target.h"
+
+#ifdef PINSTAGE_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "stage/lease_guard.h"
+#endif
+
+namespace pinstage {
+namespace {
+
+constexpr const char* kStage = "pinstage.StaticInputs.stage";
+
+// `count` copies of the `size`-byte value at `value` written to dst, by doubling copies: the fill of
+// a field of any element size costs a few memcpy calls.
+void repeat_value(uint8_t* dst, const void* value, size_t size, size_t count) {
+  const size_t total = size * count;
+  if (total == 0) return;
+  std::memcpy(dst, value, size);
+  for (size_t done = size; done < total;) {
+    const size_t chunk = std::min(done, total - done);
+    std::memcpy(dst + done, dst, chunk);
+    done += chunk;
+  }
+}
+
+// n: an int (operator.index, not bool) in [0, max_bs].
+int64_t rows_arg(PyObject* n, int64_t max_bs) {
+  TORCH_CHECK_TYPE(PyIndex_Check(n) && !PyBool_Check(n), kStage, ": n must be an int, got ", Py_TYPE(n)->tp_name);
+  const PyRef index(checked(PyNumber_Index(n)));
+  int overflow = 0;
+  const long long rows = PyLong_AsLongLongAndOverflow(index.get(), &overflow);
+  if (rows == -1 && PyErr_Occurred()) throw PythonError();
+  if (overflow != 0 || rows < 0 || rows > max_bs) {
+    const PyRef text(checked(PyObject_Str(index.get())));
+    TORCH_CHECK_VALUE(false, kStage, ": n must be between 0 and max_bs=", max_bs, ", got ", PyUnicode_AsUTF8(text.get()));
+  }
+  return rows;
+}
+
+}  // namespace
+
+StaticInputs::StaticInputs(const std::vector<StaticFieldSpec>& specs, int64_t max_bs, PyObject* device)
+    : max_bs_(max_bs), device_(resolve_device(device)), dirty_rows_(max_bs) {
+  TORCH_CHECK_VALUE(!specs.empty(), "pinstage.StaticInputs: at least one field is needed");
+  TORCH_CHECK_VALUE(max_bs > 0, "pinstage.StaticInputs: max_bs must be positive, got ", max_bs);
+  size_t end = 0;
+  std::vector<std::vector<int64_t>> shapes;
+  for (const StaticFieldSpec& spec : specs) {
+    Field f{PyRef(checked(PyUnicode_FromStringAndSize(spec.name.data(), static_cast<Py_ssize_t>(spec.name.size())))),
+            "field '" + spec.name + "'", spec.dtype, spec.row_shape, 0, 0, 0};
+    for (int64_t s : spec.row_shape) {
+      TORCH_CHECK_VALUE(s >= 0, "pinstage.StaticInputs: ", f.label, " has a negative dimension in its shape ",
+                        c10::IntArrayRef(spec.row_shape));
+    }
+    TORCH_CHECK(spec.fill.defined() && spec.fill.device().is_cpu() && spec.fill.scalar_type() == spec.dtype &&
+                    spec.fill.numel() == 1,
+                "pinstage.StaticInputs: ", f.label, ": fill must be one CPU value of its dtype");
+    f.row_bytes = checked_nbytes(spec.row_shape, spec.dtype, &f.row_numel);
+    std::vector<int64_t> shape{max_bs};
+    shape.insert(shape.end(), spec.row_shape.begin(), spec.row_shape.end());
+    int64_t numel = 0;
+    const size_t bytes = checked_nbytes(shape, spec.dtype, &numel);
+    TORCH_CHECK(end <= static_cast<size_t>(INT64_MAX) - kStagingAlignment - bytes,
+                "pinstage.StaticInputs: the fields together are more than 2**63 bytes");
+    f.offset = align_up(end, kStagingAlignment);
+    end = f.offset + bytes;
+    fields_.push_back(std::move(f));
+    shapes.push_back(std::move(shape));
+  }
+  fill_image_.assign(end, 0);
+  for (size_t i = 0; i < fields_.size(); ++i) {
+    const Field& f = fields_[i];
+    repeat_value(fill_image_.data() + f.offset, specs[i].fill.const_data_ptr(), c10::elementSize(f.dtype),
+                 static_cast<size_t>(max_bs) * static_cast<size_t>(f.row_numel));
+  }
+#ifdef PINSTAGE_WITH_CUDA
+  if (device_.is_cuda()) {
+    allocation_stream_ = c10::cuda::getCurrentCUDAStream(device_.index());
+    check_not_capturing(*allocation_stream_, "StaticInputs");  // before a graph's pool gets the allocation
+  }
+#endif
+  buffer_ = at::empty({static_cast<int64_t>(end)}, at::TensorOptions().dtype(c10::kByte).device(device_));
+  data_ = buffer_.storage().data();
+  for (size_t i = 0; i < fields_.size(); ++i) {
+    const Field& f = fields_[i];
+    views_.push_back(buffer_.narrow(0, static_cast<int64_t>(f.offset), static_cast<int64_t>(max_bs * f.row_bytes))
+                         .view(f.dtype)
+                         .view(shapes[i]));
+  }
+  // Every row at its fill, by the path a stage takes.
+  std::vector<ItemPlan> no_values;
+  if (device_.is_cpu()) {
+    copy_to_host_buffer(no_values, 0, max_bs_);
+  } else {
+#ifdef PINSTAGE_WITH_CUDA
+    copy_to_device(no_values, 0, max_bs_, *allocation_stream_);
+#endif
+  }
+  dirty_rows_ = 0;
+}
+
+void StaticInputs::stage(PyObject* values, PyObject* n_arg, PyObject* stream) {
+  const int64_t n = rows_arg(n_arg, max_bs_);
+#ifdef PINSTAGE_WITH_CUDA
+  std::optional<c10::cuda::CUDAStream> cuda_stream;
+  if (device_.is_cuda()) {
+    cuda_stream = stream_on(stream, device_.index(), "StaticInputs.stage");
+    check_not_capturing(*cuda_stream, "StaticInputs.stage");
+  }
+#endif
+  TORCH_CHECK_VALUE(device_.is_cuda() || stream == Py_None, kStage, ": the inputs are on the CPU; no stream applies");
+  const std::vector<PyRef> data = field_values(values);
+  std::vector<ItemPlan> plans;
+  plans.reserve(fields_.size());
+  for (size_t i = 0; i < fields_.size(); ++i) plans.push_back(plan_field(i, data[i].get(), n));
+  const int64_t last_rows = std::max(n, dirty_rows_);
+  if (device_.is_cpu()) {
+    copy_to_host_buffer(plans, n, last_rows);
+  } else {
+#ifdef PINSTAGE_WITH_CUDA
+    copy_to_device(plans, n, last_rows, *cuda_stream);
+#endif
+  }
+  dirty_rows_ = n;
+}
+
+std::vector<PyRef> StaticInputs::field_values(PyObject* values) const {
+  TORCH_CHECK_TYPE(PyDict_Check(values), kStage, ": values must be a dict of field name -> values, got ",
+                   Py_TYPE(values)->tp_name);
+  std::vector<PyRef> out;
+  out.reserve(fields_.size());
+  for (const Field& f : fields_) {
+    PyObject* v = PyDict_GetItemWithError(values, f.name.get());
+    if (v == nullptr) {
+      if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "%s: no values for %s", kStage, f.label.c_str());
+      throw PythonError();
+    }
+    out.push_back(PyRef::borrow(v));  // held: Python code run later may remove it from the dict
+  }
+  if (PyDict_Size(values) == static_cast<Py_ssize_t>(fields_.size())) return out;
+  PyObject *key, *value;
+  Py_ssize_t pos = 0;
+  while (PyDict_Next(values, &pos, &key, &value)) {
+    const bool known = PyUnicode_Check(key) && std::any_of(fields_.begin(), fields_.end(), [&](const Field& f) {
+                         return PyUnicode_Compare(key, f.name.get()) == 0;
+                       });
+    if (known) continue;
+    const PyRef text(checked(PyObject_Repr(key)));
+    std::string names;
+    for (const Field& f : fields_) names += (names.empty() ? "" : ", ") + f.label.substr(6);
+    TORCH_CHECK_VALUE(false, kStage, ": unknown field ", PyUnicode_AsUTF8(text.get()), " (the fields are ", names, ")");
+  }
+  return out;
+}
+
+ItemPlan StaticInputs::plan_field(size_t i, PyObject* data, int64_t n) const {
+  const Field& f = fields_[i];
+  return with_error_prefix([&] { return std::string(kStage) + ": " + f.label; }, [&] {
+    ItemPlan plan = plan_item(data, f.dtype);
+    TORCH_CHECK_VALUE(plan.numel == n * f.row_numel, "data of shape ", c10::IntArrayRef(plan.shape), " has ", plan.numel,
+                      " elements, but n=", n, " rows of shape ", c10::IntArrayRef(f.row_shape), " are ",
+                      n * f.row_numel);
+    return plan;
+  });
+}
+
+size_t StaticInputs::bytes_through(int64_t rows) const {
+  return fields_.back().offset + static_cast<size_t>(rows) * fields_.back().row_bytes;
+}
+
+size_t StaticInputs::write_region(uint8_t* region, std::vector<ItemPlan>& plans, int64_t n, int64_t last_rows) const {
+  size_t fallbacks = 0;
+  for (size_t i = 0; i < fields_.size(); ++i) {
+    const Field& f = fields_[i];
+    if (!plans.empty()) {
+      ItemPlan& plan = plans[i];
+      with_error_prefix([&] { return std::string(kStage) + ": " + f.label; },
+                        [&] { write_item(plan, plan.nbytes > 0 ? region + f.offset : nullptr); });
+      fallbacks += plan.via_fallback ? 1 : 0;
+    }
+    const size_t rows_end = static_cast<size_t>(i + 1 == fields_.size() ? last_rows : max_bs_);
+    const size_t from = f.offset + static_cast<size_t>(n) * f.row_bytes;
+    const size_t to = f.offset + rows_end * f.row_bytes;
+    if (to > from) std::memcpy(region + from, fill_image_.data() + from, to - from);
+  }
+  return fallbacks;
+}
+
+void StaticInputs::check_storage_intact() const {
+  TORCH_CHECK(buffer_.storage().data() == data_ && buffer_.storage().nbytes() >= static_cast<size_t>(buffer_.numel()),
+              kStage, ": the inputs' memory was replaced or resized (through a view's storage) while the values were "
+              "being converted; a graph captured its old address; nothing was staged");
+}
+
+void StaticInputs::copy_to_host_buffer(std::vector<ItemPlan>& plans, int64_t n, int64_t last_rows) {
+  // Through a temporary region: a bad value in a later field must leave the views as they were.
+  const size_t bytes = bytes_through(last_rows);
+  const std::unique_ptr<uint8_t[]> region(new uint8_t[std::max<size_t>(bytes, 1)]);
+  const size_t fallbacks = write_region(region.get(), plans, n, last_rows);
+  check_storage_intact();
+  if (bytes > 0) std::memcpy(buffer_.data_ptr(), region.get(), bytes);
+  cpu_counters().record(bytes, 0, fallbacks);
+}
+
+#ifdef PINSTAGE_WITH_CUDA
+void StaticInputs::copy_to_device(std::vector<ItemPlan>& plans, int64_t n, int64_t last_rows,
+                                  const c10::cuda::CUDAStream& stream) {
+  c10::cuda::CUDAGuard device_guard(device_.index());
+  StagingRing& ring = ring_for(device_.index(), Direction::kToDevice);
+  const size_t bytes = bytes_through(last_rows);
+  if (bytes == 0) {
+    ring.counters().record(0, 0, write_region(nullptr, plans, n, last_rows));
+    return;
+  }
+  LeaseGuard lease(ring, bytes);
+  const size_t fallbacks = write_region(lease.data(), plans, n, last_rows);
+  check_storage_intact();
+  if (stream != *allocation_stream_ &&
+      std::find(recorded_streams_.begin(), recorded_streams_.end(), stream) == recorded_streams_.end()) {
+    c10::cuda::CUDACachingAllocator::recordStream(buffer_.storage().data_ptr(), stream);
+    recorded_streams_.push_back(stream);
+  }
+  lease.copy_and_commit(buffer_.data_ptr(), bytes, stream);
+  ring.counters().record(bytes, 1, fallbacks);
+}
+#endif
+
+}  // namespace pinstage

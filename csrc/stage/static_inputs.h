@@ -1,0 +1,91 @@
+// StaticInputs: a CUDA graph's static inputs as named fields of ONE allocation, each a view
+// [max_bs, *row_shape] at a 16-byte aligned offset, filled from host values by ONE copy per step
+// from a staging ring region laid out like the allocation. Rows n..max_bs hold each field's fill.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <Python.h>
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "convert/item_plan.h"
+#include "python/py_objects.h"
+
+#ifdef PINSTAGE_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace pinstage {
+
+struct StaticFieldSpec {
+  std::string name;
+  c10::ScalarType dtype;
+  std::vector<int64_t> row_shape;
+  at::Tensor fill;  // 0-d CPU tensor of dtype: what rows n..max_bs hold after a stage
+};
+
+class StaticInputs {
+ public:
+  // Allocates the fields on `device` (resolved as stage_to_device resolves it) and fills every row
+  // with its field's fill value, by one copy on the device's current stream.
+  StaticInputs(const std::vector<StaticFieldSpec>& fields, int64_t max_bs, PyObject* device);
+  StaticInputs(const StaticInputs&) = delete;
+  StaticInputs& operator=(const StaticInputs&) = delete;
+
+  // values: a dict with every field's values (n rows each, anything stage_to_device takes). An error
+  // names the field and stages nothing. Not for concurrent use from several threads: one set of
+  // graph inputs has one writer.
+  void stage(PyObject* values, PyObject* n, PyObject* stream);
+
+  const std::vector<at::Tensor>& views() const { return views_; }
+  c10::Device device() const { return device_; }
+
+ private:
+  struct Field {
+    PyRef name;  // the dict key looked up each stage
+    std::string label;  // "field 'name'", for error messages
+    c10::ScalarType dtype;
+    std::vector<int64_t> row_shape;
+    int64_t row_numel;
+    size_t row_bytes;
+    size_t offset;  // in the allocation, and in every ring region
+  };
+
+  std::vector<PyRef> field_values(PyObject* values) const;
+  ItemPlan plan_field(size_t i, PyObject* data, int64_t n) const;
+  // Bytes [0, end) of the allocation where the last field's first `rows` rows end: what one copy covers.
+  size_t bytes_through(int64_t rows) const;
+  // Writes the fields' values (none when plans is empty) and fill rows into `region`, which mirrors
+  // the allocation up to bytes_through(last_rows); returns how many fields went through torch.tensor.
+  size_t write_region(uint8_t* region, std::vector<ItemPlan>& plans, int64_t n, int64_t last_rows) const;
+  void copy_to_host_buffer(std::vector<ItemPlan>& plans, int64_t n, int64_t last_rows);
+#ifdef PINSTAGE_WITH_CUDA
+  void copy_to_device(std::vector<ItemPlan>& plans, int64_t n, int64_t last_rows, const c10::cuda::CUDAStream& stream);
+#endif
+  // Python code run during a conversion (the fallback) could shrink the allocation's storage.
+  void check_storage_intact() const;
+
+  std::vector<Field> fields_;
+  int64_t max_bs_;
+  c10::Device device_;
+  at::Tensor buffer_;  // uint8, the one allocation
+  const void* data_ = nullptr;  // its address, which a captured graph reads
+  std::vector<at::Tensor> views_;
+  std::vector<uint8_t> fill_image_;  // the whole allocation with every row at its field's fill
+  // Rows of the LAST field that may hold something other than its fill. Every other field is copied
+  // whole (the copy runs to the last field's rows), so only the last one's rows beyond n can be
+  // stale from an earlier, larger n; the copy extends over them. Read and written with the GIL held.
+  int64_t dirty_rows_;
+#ifdef PINSTAGE_WITH_CUDA
+  std::optional<c10::cuda::CUDAStream> allocation_stream_;
+  // Streams other than the allocating one that copied into the allocation: the caching allocator
+  // must not reuse it, once freed, before their copies are done.
+  std::vector<c10::cuda::CUDAStream> recorded_streams_;
+#endif
+};
+
+}  // namespace pinstage

@@ -1,0 +1,102 @@
+"""pinstage.StaticInputs: a CUDA graph's static inputs in one allocation, filled by one copy per step."""
+import operator
+from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple, Union
+
+import torch
+
+from . import _C
+
+Device = Union[torch.device, str, int, None]
+
+
+class Field(NamedTuple):
+    """One static input: its dtype, the shape of one row, and the value of the rows a stage leaves
+    unused (rows n..max_bs: the padding a graph's batch bucket reads)."""
+
+    dtype: torch.dtype
+    shape: Tuple[int, ...] = ()
+    fill: Union[int, float, bool] = 0
+
+
+class StaticInputs:
+    """Named fields of ONE device allocation, each a view [max_bs, *shape] (16-byte aligned) that a
+    CUDA graph captures as its static input; stage() fills them all with ONE host-to-device copy.
+
+        inputs = StaticInputs({"input_ids": Field(torch.int64),
+                               "temperatures": Field(torch.float32, (1,), fill=1.0)}, max_bs=256)
+        with torch.cuda.graph(graph):
+            out = step(inputs["input_ids"], inputs["temperatures"])
+        inputs.stage({"input_ids": ids, "temperatures": temps}, n=len(ids))   # then graph.replay()
+
+    Every row holds its field's fill from construction on (one copy on the device's current stream).
+    On the CPU (no CUDA) the views are ordinary CPU tensors that stage() writes directly.
+    One StaticInputs is one set of graph inputs: stage it from one thread at a time.
+    """
+
+    __slots__ = ("_core", "_views", "_max_bs", "__weakref__")
+
+    def __init__(self, fields: Mapping[str, Field], max_bs: int, device: Device = None):
+        if not isinstance(fields, Mapping):
+            raise TypeError("pinstage.StaticInputs: fields must be a dict of name -> Field, got %s"
+                            % type(fields).__name__)
+        specs = [_field_spec(name, field) for name, field in fields.items()]
+        self._max_bs = operator.index(max_bs)
+        self._core = _C.StaticInputs(specs, self._max_bs, device)
+        self._views: Dict[str, torch.Tensor] = dict(zip(fields, self._core.views()))
+
+    def stage(self, values: Mapping[str, Any], n: int, stream: Optional[torch.cuda.Stream] = None) -> None:
+        """Writes every field's n rows of values and the fill into rows n..max_bs, by ONE copy on
+        `stream` (default: the device's current stream) from one staging ring region laid out like
+        the allocation; returns before the copy has run.
+
+        values: a dict with every field's values, each with n rows' elements (lists, numpy arrays,
+        CPU tensors: anything stage_to_device takes), converted as torch.tensor(v, dtype=field.dtype)
+        would. A missing field raises KeyError, an unknown one ValueError; a bad value raises what
+        torch.tensor raises, naming the field. After any error nothing was staged. A stream that is
+        capturing a CUDA graph raises RuntimeError: stage before graph.replay(), outside the capture.
+        """
+        self._core.stage(values, n, stream)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        """The field's view [max_bs, *shape]: the static input a CUDA graph captures."""
+        return self._views[name]
+
+    @property
+    def names(self) -> Tuple[str, ...]:
+        return tuple(self._views)
+
+    @property
+    def max_bs(self) -> int:
+        return self._max_bs
+
+    @property
+    def device(self) -> torch.device:
+        return self._core.device
+
+    def __repr__(self):
+        fields = ", ".join("%s: %s%s" % (name, str(v.dtype).replace("torch.", ""), list(v.shape))
+                           for name, v in self._views.items())
+        return "<pinstage.StaticInputs max_bs=%d on %s: %s>" % (self._max_bs, self.device, fields)
+
+
+def _field_spec(name, field):
+    """(name, dtype, row shape, fill as a 0-d CPU tensor): the fill converted by torch's own rules
+    (as tensor.fill_ converts it), so a value the dtype cannot hold raises here, naming the field."""
+    if not isinstance(name, str):
+        raise TypeError("pinstage.StaticInputs: field names must be str, got %s" % type(name).__name__)
+    if not isinstance(field, Field):
+        raise TypeError("pinstage.StaticInputs: field '%s' must be a pinstage.Field, got %s"
+                        % (name, type(field).__name__))
+    if not isinstance(field.dtype, torch.dtype):
+        raise TypeError("pinstage.StaticInputs: field '%s': dtype must be a torch.dtype, got %s"
+                        % (name, type(field.dtype).__name__))
+    try:
+        shape = tuple(operator.index(s) for s in field.shape)
+    except TypeError:
+        raise TypeError("pinstage.StaticInputs: field '%s': shape must be a tuple of ints, got %r"
+                        % (name, field.shape)) from None
+    try:
+        fill = torch.full((), field.fill, dtype=field.dtype)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise type(exc)("pinstage.StaticInputs: field '%s': fill %r: %s" % (name, field.fill, exc)) from None
+    return name, field.dtype, shape, fill
