@@ -62,7 +62,7 @@ def enable():
         if _originals:
             return
         version = installed_version()
-        if version not in TESTED_VERSIONS:
+        if version is None or version.split("+")[0] not in TESTED_VERSIONS:  # a local build tag leaves the source
             found = "is not installed" if version is None else f"is version {version}"
             raise RuntimeError(
                 f"pinstage.integrations.sglang was tested with SGLang {', '.join(TESTED_VERSIONS)} only; "
