@@ -9,6 +9,7 @@
 #include "convert/item_plan.h"
 #include "python/py_objects.h"
 #include "ring/registry.h"
+#include "stage/lease.h"
 #include "stage/target.h"
 
 #ifdef PINSTAGE_WITH_CUDA
@@ -61,42 +62,6 @@ auto for_item(size_t i, bool name_items, Fn&& fn) -> decltype(fn()) {
 
 #ifdef PINSTAGE_WITH_CUDA
 
-// A ring lease that is abandoned unless the copy that uses it was committed: an exception between
-// reserve and copy (bad input, out of device memory) must not leave a region held forever.
-class LeaseGuard {
- public:
-  LeaseGuard(StagingRing& ring, size_t bytes) : ring_(ring) {
-    for (;;) {
-      if (auto lease = ring.try_acquire(bytes)) {
-        lease_ = *lease;
-        return;
-      }
-      GilReleased no_gil;  // on_full="wait": let other Python threads run meanwhile
-      ring.wait_for_oldest();
-    }
-  }
-  ~LeaseGuard() {
-    if (lease_.data != nullptr) ring_.abandon(lease_);
-  }
-  LeaseGuard(const LeaseGuard&) = delete;
-  LeaseGuard& operator=(const LeaseGuard&) = delete;
-
-  uint8_t* data() const { return lease_.data; }
-
-  // Once the copy is enqueued the region must never be given back, even if recording its fence
-  // fails: holding it forever is safe, handing it out again while the copy reads it is not.
-  void copy_and_commit(void* dst, size_t bytes, const c10::cuda::CUDAStream& stream) {
-    copy_async(dst, lease_.data, bytes, cudaMemcpyHostToDevice, stream.stream());
-    HostLease enqueued = lease_;
-    lease_ = HostLease{};
-    ring_.commit(enqueued, stream.stream());
-  }
-
- private:
-  StagingRing& ring_;
-  HostLease lease_;
-};
-
 // Allocates on `stream` through the caching allocator, exactly as a torch op on that stream would
 // (the allocator files the block under the current stream). empty_generic is what at::empty does
 // for CUDA once the dispatcher has picked the kernel; calling it directly skips the dispatch.
@@ -145,7 +110,7 @@ std::vector<at::Tensor> stage_on_device(std::vector<ItemPlan>& plans, const Targ
   const bool single = plans.size() == 1;
   at::Tensor buffer = single ? empty_on_stream(plans[0].shape, plans[0].dtype, stream)
                              : empty_on_stream({static_cast<int64_t>(total)}, c10::ScalarType::Byte, stream);
-  if (total > 0) lease->copy_and_commit(buffer.data_ptr(), total, stream);
+  if (total > 0) lease->copy_and_commit(buffer.data_ptr(), total, stream.stream());
   ring.counters().record(total, total > 0 ? 1 : 0, fallbacks);
   if (single) return {std::move(buffer)};
   std::vector<at::Tensor> results;
@@ -275,7 +240,7 @@ void stage_into(PyObject* data, PyObject* out_obj, PyObject* stream) {
   LeaseGuard lease(ring, plan.nbytes);
   const bool fell_back = write_item(plan, lease.data());
   check_out_unchanged(out, dtype, device, out_numel);
-  lease.copy_and_commit(out.data_ptr(), plan.nbytes, *s);
+  lease.copy_and_commit(out.data_ptr(), plan.nbytes, s->stream());
   ring.counters().record(plan.nbytes, 1, fell_back ? 1 : 0);
 #endif
 }
