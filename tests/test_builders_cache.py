@@ -282,3 +282,19 @@ def test_write_cache_indices_op_passes_opcheck(rng, device):
     if device == "cuda":
         torch.cuda.synchronize()
     assert torch.equal(batch["req_to_token"].cpu(), reference(batch))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+def test_cuda_op_refuses_a_capturing_stream(rng):
+    """The op copies its prefix table through the staging ring: a captured copy would read ring
+    memory reused long before the graph replays."""
+    batch = random_batch(rng, 3, "cuda")
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        doubled = batch["out_cache_loc"] * 2  # the graph captures something
+        with pytest.raises(RuntimeError, match="(?i)captur"):
+            run(batch)
+    run(batch)
+    torch.cuda.synchronize()
+    assert torch.equal(batch["req_to_token"].cpu(), reference(batch))

@@ -48,8 +48,8 @@ inline void check_per_request(const at::Tensor& t, const char* name, at::ScalarT
 inline void check_prefix_tensor(int64_t i, const at::Tensor& t, const at::Device& device) {
   TORCH_CHECK_VALUE(t.device() == device, kOp, ": request ", i, ": prefix_tensors entry is on ", t.device(),
                     " but req_to_token is on ", device);
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, kOp, ": request ", i, ": prefix_tensors entry must be torch.int64, got ",
-                   dtype_name(t.scalar_type()));
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, kOp, ": request ", i,
+                   ": prefix_tensors entry must be torch.int64, got ", dtype_name(t.scalar_type()));
   const bool real_memory = t.layout() == at::kStrided && !t.key_set().has(c10::DispatchKey::Python) &&
                            !t._is_zerotensor() && t.has_storage() && (t.numel() == 0 || t.const_data_ptr() != nullptr);
   TORCH_CHECK_TYPE(real_memory, kOp, ": request ", i,

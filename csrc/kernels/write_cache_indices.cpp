@@ -18,6 +18,7 @@
 #include "ring/options.h"
 #include "ring/registry.h"
 #include "stage/lease.h"
+#include "stage/target.h"
 #endif
 
 #include "convert/dtypes.h"
@@ -120,6 +121,8 @@ void write_cache_indices_cuda(const at::Tensor& req_to_token, const at::Tensor& 
   if (p.batch == 0) return;
   const c10::cuda::CUDAGuard guard(req_to_token.device());
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(req_to_token.device().index());
+  // A captured copy would read ring memory reused long before the graph replays.
+  check_not_capturing(stream, kOp);
   // Where each array comes from, and where the kernel reads it.
   const size_t column_bytes = static_cast<size_t>(p.batch) * sizeof(int64_t);
   const size_t slot = align_up(column_bytes, kStagingAlignment);

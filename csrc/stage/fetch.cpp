@@ -38,7 +38,8 @@ namespace {
 // quantized tensor's values mean nothing without its quantizer.
 void check_fetchable(const at::Tensor& t, size_t i, const char* api) {
   TORCH_CHECK_TYPE(t.layout() == c10::kStrided && !t.is_nested(), "pinstage.", api, ": tensor ", i, " is a ",
-                   t.is_nested() ? std::string("nested") : c10::str(t.layout()), " tensor; only strided tensors can be fetched");
+                   t.is_nested() ? std::string("nested") : c10::str(t.layout()),
+                   " tensor; only strided tensors can be fetched");
   TORCH_CHECK_TYPE(!t.is_quantized(), "pinstage.", api, ": tensor ", i, " is quantized (", t.scalar_type(),
                    "); fetch its dequantize() or int_repr()");
   const bool real_memory = !t.key_set().has(c10::DispatchKey::Python) && !t._is_zerotensor() && t.has_storage() &&
