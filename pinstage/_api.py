@@ -57,7 +57,8 @@ class FetchHandle:
     reused only when the copy has completed and the handle has been released (release(), the end of
     a `with` block, or garbage collection) and no tensor or array from it is alive: a value read from
     a handle is never overwritten underneath the reader. Copy out (`.clone()`) what you keep long,
-    so that the ring can reuse its memory.
+    so that the ring can reuse its memory. A handle may be shared by threads: release() while
+    another thread waits lets that wait finish (or raise RuntimeError if it had not begun).
     """
 
     __slots__ = ("_handle", "_many")
@@ -121,7 +122,9 @@ def fetch_to_host(tensor: torch.Tensor, stream: Optional[torch.cuda.Stream] = No
     """Copies a device tensor into pinned ring memory on `stream` (default: its device's current
     stream) and returns at once with a FetchHandle. The copy waits for nothing but work already
     queued on that stream; the source tensor may be freed right after the call.
-    A CPU tensor gives a handle over a copy of it, ready at once."""
+    A CPU tensor gives a handle over a copy of it, ready at once. Conjugate and negative views
+    come back resolved; a quantized tensor, or one without memory of its own (a tensor subclass
+    wrapping others, a fake or zero tensor, a nested tensor), raises TypeError."""
     return FetchHandle(_C.fetch([tensor], stream), many=False)
 
 
@@ -140,7 +143,7 @@ def stats(device: Device = None) -> dict:
       fallbacks: items converted by torch.tensor instead of pinstage's converters
       in_flight_bytes, peak_in_flight_bytes, pending_regions: ring memory still used by copies
       overflows, waits, wraps: requests served by overflow blocks, waits under on_full="wait",
-          times the ring wrapped to its start
+          times the ring's allocation went back to its start (about bytes through it / ring_bytes)
       events_created: CUDA events made (none in steady state)
       overflow_reserved_bytes, overflow_peak_reserved_bytes, overflow_in_flight_bytes: pinned
           overflow blocks kept now, at most, and in use by copies
@@ -157,7 +160,8 @@ def configure(*, ring_bytes: Union[int, str, None] = None, on_full: Optional[str
 
     ring_bytes: an int or a byte count such as "16M" (as PINSTAGE_RING_BYTES takes); default 8 MiB.
     on_full: "overflow" (serve from a pinned overflow block, never wait: the default), "wait" (wait
-    for the oldest copy) or "error" (raise RingFullError). Resizing retires the old ring memory,
+    for the oldest copy; where the oldest region is still being written or read, which waiting
+    could never end, an overflow block serves instead) or "error" (raise RingFullError). Resizing retires the old ring memory,
     freed once its copies have completed (at a later configure() or empty_cache()).
     """
     _C.configure(ring_bytes, on_full, device)

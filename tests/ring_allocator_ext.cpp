@@ -32,7 +32,7 @@ class ManualFenceRing {
     return ring_.release_completed([this](int64_t m) { return completed_.count(m) > 0; }, [](int64_t) {});
   }
   py::object oldest_marker() const {
-    const int64_t* f = ring_.oldest_fence();
+    const int64_t* f = ring_.waitable_oldest_fence();
     return f ? py::object(py::int_(*f)) : py::none();
   }
   const RingAllocator<int64_t>& ring() const { return ring_; }

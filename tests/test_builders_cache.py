@@ -1,6 +1,7 @@
 import pytest
 import torch
 from builders_support import BATCH_SIZES, DEVICES, run_while_stream_busy
+from tensor_kinds import WrapperTensor
 
 from pinstage import _C
 from pinstage.builders import BACKENDS, write_cache_indices
@@ -144,40 +145,103 @@ def test_req_to_token_must_be_int32_rows():
         write_cache_indices(table, [], [], [], [], [], torch.zeros(0, dtype=torch.int64))
 
 
-def staged_args(rows, prefix_lens, seq_lens, offsets, pointers):
-    return [
-        torch.tensor(rows, dtype=torch.int64),
-        torch.tensor(pointers, dtype=torch.uint64),
-        torch.tensor(prefix_lens, dtype=torch.int64),
-        torch.tensor(seq_lens, dtype=torch.int64),
-        torch.tensor(offsets, dtype=torch.int64),
-    ]
+def op_args(rows, prefix_lens, seq_lens, offsets, prefix_sizes):
+    """The compiled op's per-request tensors (CPU), and one prefix tensor of each size."""
+    prefixes = [torch.arange(10, 10 + n, dtype=torch.int64) for n in prefix_sizes]
+    columns = [torch.tensor(v, dtype=torch.int64) for v in (rows, prefix_lens, seq_lens, offsets)]
+    return columns[0], prefixes, columns[1], columns[2], columns[3]
 
 
 @pytest.mark.parametrize(
-    "rows, prefix_lens, seq_lens, offsets, pointers, message",
+    "rows, prefix_lens, seq_lens, offsets, prefix_sizes, message",
     [
         ([0, 4], [0, 0], [1, 1], [0, 1], [0, 0], r"request 1: req_pool_indices is 4"),
-        ([0, 1], [0, 2], [1, 1], [0, 1], [0, 0], r"request 1: seq_lens \(1\) < prefix_lens \(2\)"),
+        ([0, 1], [0, 2], [1, 1], [0, 1], [0, 2], r"request 1: seq_lens \(1\) < prefix_lens \(2\)"),
         ([0, 1], [0, 0], [1, 2], [0, 1], [0, 0], r"request 1: out_cache_offsets is 1 with 2 new tokens, outside"),
-        ([0, 1], [0, 1], [1, 1], [0, 1], [0, 0], r"request 1: prefix_pointers is null"),
+        ([0, 1], [0, 2], [1, 3], [0, 1], [0, 1], r"request 1: prefix_tensors entry has 1 elements but prefix_lens is 2"),
     ],
 )
-def test_compiled_op_checks_cpu_values_itself(rows, prefix_lens, seq_lens, offsets, pointers, message):
+def test_compiled_op_checks_cpu_values_itself(rows, prefix_lens, seq_lens, offsets, prefix_sizes, message):
     table = torch.full((4, 8), SENTINEL, dtype=torch.int32)
-    rows_t, pointers_t, prefix_t, seq_t, offsets_t = staged_args(rows, prefix_lens, seq_lens, offsets, pointers)
+    rows_t, prefixes, prefix_t, seq_t, offsets_t = op_args(rows, prefix_lens, seq_lens, offsets, prefix_sizes)
     with pytest.raises((IndexError, ValueError), match=message):
-        torch.ops.pinstage.write_cache_indices(table, rows_t, pointers_t, prefix_t, seq_t, offsets_t, torch.arange(2))
+        torch.ops.pinstage.write_cache_indices(table, rows_t, prefixes, prefix_t, seq_t, offsets_t, torch.arange(2))
     assert (table == SENTINEL).all()
+
+
+def test_compiled_op_takes_prefix_tensors_never_addresses():
+    """A public op must not read memory at an address its caller names: prefix_tensors is a Tensor[],
+    and a tensor of addresses is refused."""
+    schema = str(torch.ops.pinstage.write_cache_indices.default._schema)
+    assert "Tensor[] prefix_tensors" in schema and "pointer" not in schema, schema
+    table = torch.zeros(4, 8, dtype=torch.int32)
+    rows_t, prefixes, prefix_t, seq_t, offsets_t = op_args([0], [1], [1], [0], [1])
+    addresses = torch.tensor([prefixes[0].data_ptr()], dtype=torch.uint64)
+    with pytest.raises((TypeError, RuntimeError)):
+        torch.ops.pinstage.write_cache_indices(table, rows_t, addresses, prefix_t, seq_t, offsets_t, torch.arange(1))
+    with pytest.raises((TypeError, RuntimeError)):
+        torch.ops.pinstage.write_cache_indices(table, rows_t, [addresses], prefix_t, seq_t, offsets_t, torch.arange(1))
+    assert (table == 0).all()
 
 
 def test_compiled_op_checks_tensor_arguments():
     table = torch.zeros(4, 8, dtype=torch.int32)
-    rows_t, pointers_t, prefix_t, seq_t, offsets_t = staged_args([0], [0], [1], [0], [0])
-    with pytest.raises(TypeError, match="prefix_pointers must be torch.uint64, got torch.int64"):
-        torch.ops.pinstage.write_cache_indices(table, rows_t, rows_t, prefix_t, seq_t, offsets_t, torch.arange(1))
+    rows_t, prefixes, prefix_t, seq_t, offsets_t = op_args([0], [0], [1], [0], [0])
+    with pytest.raises(TypeError, match="request 0: prefix_tensors entry must be torch.int64, got torch.int32"):
+        torch.ops.pinstage.write_cache_indices(table, rows_t, [prefixes[0].int()], prefix_t, seq_t, offsets_t,
+                                               torch.arange(1))
+    with pytest.raises(ValueError, match="prefix_tensors has 2 entries but req_pool_indices has 1"):
+        torch.ops.pinstage.write_cache_indices(table, rows_t, prefixes * 2, prefix_t, seq_t, offsets_t, torch.arange(1))
     with pytest.raises(ValueError, match="seq_lens must be a contiguous 1-D tensor of 1 elements"):
-        torch.ops.pinstage.write_cache_indices(table, rows_t, pointers_t, prefix_t, torch.arange(2), offsets_t, torch.arange(1))
+        torch.ops.pinstage.write_cache_indices(table, rows_t, prefixes, prefix_t, torch.arange(2), offsets_t, torch.arange(1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_prefix_tensor_without_memory_of_its_own_is_refused_on_the_host(device):
+    """A wrapper subclass's data pointer is null: the kernel would read address 0 (on CUDA the
+    process loses its context). The builder and the op itself refuse it before anything runs."""
+    table = torch.full((2, 8), SENTINEL, dtype=torch.int32, device=device)
+    out_cache_loc = torch.tensor([9], dtype=torch.int64, device=device)
+    for prefix in (WrapperTensor(torch.arange(4, device=device)), torch._efficientzerotensor(4, device=device,
+                                                                                         dtype=torch.int64)):
+        with pytest.raises(TypeError, match="request 0: prefix_tensors entry has no memory of its own"):
+            write_cache_indices(table, [0], [prefix], [2], [3], [1], out_cache_loc)
+        rows_t, _, prefix_t, seq_t, offsets_t = (t.to(device) if isinstance(t, torch.Tensor) else t
+                                                 for t in op_args([0], [2], [3], [0], [0]))
+        # Through the dispatcher a zero tensor arrives materialised as a stride-0 expansion: refused too.
+        with pytest.raises((TypeError, ValueError), match="request 0: prefix_tensors entry (has no memory|must be contig)"):
+            torch.ops.pinstage.write_cache_indices(table, rows_t, [prefix], prefix_t, seq_t, offsets_t, out_cache_loc)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    assert (table == SENTINEL).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+def test_cuda_op_takes_cpu_values_and_device_values_alike(rng):
+    """The CUDA op copies CPU per-request values with its prefix table (one copy), or reads device
+    ones where they are: both write the reference rows, and a prefix_lens beyond a prefix tensor's
+    length is skipped by the kernel (the host cannot read device values without waiting)."""
+    batch = random_batch(rng, 6, "cuda")
+    offsets = _C.cache_index_plan(
+        batch["req_to_token"], batch["prefix_tensors"],
+        *[torch.tensor(batch[f], dtype=torch.int64) for f in ("req_pool_indices", "prefix_lens", "seq_lens", "extend_lens")],
+        batch["out_cache_loc"],
+    )
+    cpu = [torch.tensor(batch[f], dtype=torch.int64) for f in ("req_pool_indices", "prefix_lens", "seq_lens")]
+    for where in ("cpu", "cuda"):
+        batch["req_to_token"].fill_(SENTINEL)
+        rows_t, prefix_t, seq_t, offsets_t = (t.to(where) for t in (*cpu, offsets))
+        torch.ops.pinstage.write_cache_indices(batch["req_to_token"], rows_t, batch["prefix_tensors"], prefix_t, seq_t,
+                                               offsets_t, batch["out_cache_loc"])
+        torch.cuda.synchronize()
+        assert torch.equal(batch["req_to_token"].cpu(), reference(batch)), where
+    batch["req_to_token"].fill_(SENTINEL)
+    short = [p[:0] for p in batch["prefix_tensors"]]
+    torch.ops.pinstage.write_cache_indices(batch["req_to_token"], *cpu[:1], short, *cpu[1:], offsets,
+                                           batch["out_cache_loc"])
+    torch.cuda.synchronize()
+    skipped = [row for row, p in zip(batch["req_pool_indices"], batch["prefix_lens"]) if p > 0]
+    assert (batch["req_to_token"][skipped] == SENTINEL).all()
 
 
 def test_an_index_method_that_mutates_the_other_lists_reads_a_snapshot():
@@ -199,7 +263,7 @@ def test_an_index_method_that_mutates_the_other_lists_reads_a_snapshot():
 def test_write_cache_indices_op_passes_opcheck(rng, device):
     """Schema (req_to_token is declared mutated), fake-tensor, autograd and AOT dispatch checks."""
     batch = random_batch(rng, 6, device)
-    pointers, offsets = _C.cache_index_plan(
+    offsets = _C.cache_index_plan(
         batch["req_to_token"], batch["prefix_tensors"],
         *[torch.tensor(batch[f], dtype=torch.int64) for f in ("req_pool_indices", "prefix_lens", "seq_lens", "extend_lens")],
         batch["out_cache_loc"],
@@ -207,7 +271,7 @@ def test_write_cache_indices_op_passes_opcheck(rng, device):
     args = (
         batch["req_to_token"],
         torch.tensor(batch["req_pool_indices"], device=device),
-        pointers.to(device),
+        batch["prefix_tensors"],
         torch.tensor(batch["prefix_lens"], device=device),
         torch.tensor(batch["seq_lens"], device=device),
         offsets.to(device),
@@ -217,4 +281,20 @@ def test_write_cache_indices_op_passes_opcheck(rng, device):
     torch.ops.pinstage.write_cache_indices(*args)
     if device == "cuda":
         torch.cuda.synchronize()
+    assert torch.equal(batch["req_to_token"].cpu(), reference(batch))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+def test_cuda_op_refuses_a_capturing_stream(rng):
+    """The op copies its prefix table through the staging ring: a captured copy would read ring
+    memory reused long before the graph replays."""
+    batch = random_batch(rng, 3, "cuda")
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        doubled = batch["out_cache_loc"] * 2  # the graph captures something
+        with pytest.raises(RuntimeError, match="(?i)captur"):
+            run(batch)
+    run(batch)
+    torch.cuda.synchronize()
     assert torch.equal(batch["req_to_token"].cpu(), reference(batch))

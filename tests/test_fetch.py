@@ -11,6 +11,7 @@ import torch
 
 import pinstage
 from staging_reference import DTYPES, dtype_name
+from tensor_kinds import WrapperTensor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -244,3 +245,89 @@ def test_exit_with_fetches_in_flight():
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "in flight True" in proc.stdout
+
+
+# ------------------------------------------------------------------------- what a fetch may copy
+
+
+def devices():
+    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", devices())
+def test_conjugate_and_negative_views_come_back_resolved(device):
+    z = torch.tensor([1 + 2j, -3 - 4j], dtype=torch.complex64, device=device)
+    x = torch.tensor([1.5, -2.0, 3.0], device=device)
+    assert pinstage.fetch_to_host(z.conj()).tolist() == [1 - 2j, -3 + 4j]
+    assert pinstage.fetch_to_host(x._neg_view()).tolist() == [-1.5, 2.0, -3.0]
+    strided = torch.stack([z, z + 1], 1).conj()[:, 0]  # a conjugate view that is not contiguous
+    a, b = pinstage.fetch_many([z.conj().imag, strided]).tensors()
+    assert a.tolist() == [-2.0, 4.0] and b.tolist() == [1 - 2j, -3 + 4j]
+
+
+@pytest.mark.parametrize("device", devices())
+def test_tensors_without_memory_of_their_own_are_refused(device):
+    q = torch.quantize_per_tensor(torch.tensor([1.0, 2.0], device=device), 0.5, 0, torch.qint8)
+    with pytest.raises(TypeError, match="tensor 0 is quantized"):
+        pinstage.fetch_to_host(q)
+    wrapper = WrapperTensor(torch.arange(4, device=device))
+    with pytest.raises(TypeError, match="tensor 1 .*has no memory of its own"):
+        pinstage.fetch_many([torch.arange(2, device=device), wrapper])
+    with pytest.raises(TypeError, match="has no memory of its own"):
+        pinstage.fetch_to_host(torch._efficientzerotensor(4, device=device))
+    nested = torch.nested.nested_tensor([torch.arange(2.0), torch.arange(3.0)], device=device)
+    with pytest.raises(TypeError, match="nested tensor"):
+        pinstage.fetch_to_host(nested)
+    assert pinstage.fetch_to_host(torch.arange(3, device=device)).tolist() == [0, 1, 2]  # still works
+
+
+@cuda
+def test_a_strided_source_freed_right_after_the_fetch_is_read_before_its_memory_is_reused():
+    """A non-contiguous source is made contiguous by a kernel on the fetch stream: the SOURCE's memory
+    must stay unused (recorded on that stream) until that kernel has read it, not only the copy's."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    busy(side)
+    handles = []
+    for i in range(20):
+        src = torch.full((1000, 2), i, dtype=torch.int64, device="cuda")[:, 0]  # strided
+        handles.append(pinstage.fetch_to_host(src, side))
+        del src  # its block may be handed out again on the current stream, which is idle
+        torch.full((2000,), -1, dtype=torch.int64, device="cuda")
+    for i, h in enumerate(handles):
+        assert h.tolist() == [i] * 1000
+
+
+@cuda
+def test_release_from_another_thread_while_waiting_is_safe():
+    """wait()/tensors() run with the GIL released; release() from another thread meanwhile must
+    neither crash nor hand the waiter a reset region (in a child: a regression may segfault)."""
+    script = textwrap.dedent(
+        """
+        import threading, torch, pinstage
+        src = torch.arange(1 << 16, device="cuda")
+        outcomes = {"waited": 0, "released": 0}
+        for i in range(300):
+            torch.cuda._sleep(200_000)
+            h = pinstage.fetch_to_host(src)
+            def wait():
+                try:
+                    values = h.tensors()[0] if i % 2 else h.wait()
+                    outcomes["waited"] += 1
+                except RuntimeError as e:
+                    assert "released" in str(e), e
+                    outcomes["released"] += 1
+            t = threading.Thread(target=wait)
+            t.start()
+            h.release()
+            t.join()
+        torch.cuda.synchronize()
+        assert sum(outcomes.values()) == 300, outcomes
+        assert pinstage.stats()["fetch_in_flight_bytes"] == 0
+        print(outcomes)
+        """
+    )
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", script], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -133,7 +133,7 @@ def test_cache_index_bounds_that_would_overflow():
         one = lambda v, dt=torch.int64: torch.tensor([v], dtype=dt)
         prefix = torch.zeros(1, dtype=torch.int64)
         call = lambda offset, seq: torch.ops.pinstage.write_cache_indices(
-            table, one(0), one(prefix.data_ptr(), torch.uint64), one(0), one(seq), one(offset), out_cache_loc)
+            table, one(0), [prefix], one(0), one(seq), one(offset), out_cache_loc)
         expect(lambda: call(big, 4), ValueError, "outside out_cache_loc")
         expect(lambda: call(-big, 4), ValueError, "outside out_cache_loc")
         assert table.abs().sum().item() == 0, table

@@ -184,3 +184,51 @@ def test_random_schedule_never_hands_out_bytes_an_incomplete_copy_reads(seed):
     assert handed_out > 100  # the schedule exercised the allocator
     held = sum(1 for _ in live)
     assert ring.pending_regions == held
+
+
+def _fill_and_drain(ring, size, times):
+    """Reserves `size` bytes `times` times, each copy completed (and released) before the next one;
+    returns how often the head went back to the front: a region placed below the previous one, or
+    one ending exactly at the end."""
+    returns, previous_end = 0, 0
+    for marker in range(times):
+        offset, ticket = ring.reserve(size, 16)
+        returns += offset < previous_end and previous_end != ring.capacity
+        previous_end = offset + size
+        returns += previous_end == ring.capacity
+        ring.seal(ticket, marker)
+        ring.complete(marker)
+        assert ring.release_completed() == 1
+    return returns
+
+
+def test_wraps_count_every_pass_over_a_ring_that_drains_between_uses():
+    """stats()['wraps'] is documented as the times the ring wrapped to its start: a 4 KiB ring reused
+    50 times must count its passes, also when it drains between uses and when a region ends exactly
+    at the end."""
+    whole = Ring(4096)
+    assert _fill_and_drain(whole, 4096, 50) == 50
+    assert whole.wraps == 50
+    parts = Ring(4096)
+    returns = _fill_and_drain(parts, 1000, 50)  # 1008 bytes a pass with padding: 4 to a pass
+    assert parts.wraps == returns
+    assert parts.wraps >= (50 * 1000) // 4096 - 1
+
+
+def test_a_full_ring_offers_to_wait_only_for_a_region_that_can_complete_on_its_own():
+    """Waiting (on_full="wait") for a region still being written or held by a reader could wait
+    forever: its writer may be the waiter itself, re-entered from a conversion callback, or a thread
+    that waits for the waiter. Only a sealed, unheld region is offered."""
+    ring = Ring(256)
+    _, first = ring.reserve(128, 16)
+    _, second = ring.reserve(128, 16)
+    assert ring.reserve(16, 16) is None  # full
+    assert ring.oldest_marker() is None  # the oldest is still being written
+    ring.seal(first, marker=1, held=True)
+    ring.seal(second, marker=2)
+    assert ring.oldest_marker() is None  # sealed, but a reader holds it: its fence cannot free it
+    ring.unhold(first)
+    assert ring.oldest_marker() == 1
+    ring.complete(1)
+    assert ring.release_completed() == 1
+    assert ring.oldest_marker() == 2

@@ -30,14 +30,34 @@ inline void check_out_cache_loc(const at::Tensor& out_cache_loc, const at::Devic
                     " but req_to_token is on ", device);
 }
 
-// One value per request: a contiguous 1-D tensor of `batch` elements of `dtype` on `device`.
+// One value per request: a contiguous 1-D tensor of `batch` elements of `dtype` on `device` (or on
+// the CPU where `cpu_too`: the CUDA op copies those itself).
 inline void check_per_request(const at::Tensor& t, const char* name, at::ScalarType dtype, int64_t batch,
-                       const at::Device& device) {
+                              const at::Device& device, bool cpu_too = false) {
   TORCH_CHECK_TYPE(t.scalar_type() == dtype, kOp, ": ", name, " must be ", dtype_name(dtype), ", got ",
                    dtype_name(t.scalar_type()));
   TORCH_CHECK_VALUE(t.dim() == 1 && t.numel() == batch && t.is_contiguous(), kOp, ": ", name,
                     " must be a contiguous 1-D tensor of ", batch, " elements (one per request), got shape ", t.sizes());
-  TORCH_CHECK_VALUE(t.device() == device, kOp, ": ", name, " is on ", t.device(), " but req_to_token is on ", device);
+  TORCH_CHECK_VALUE(t.device() == device || (cpu_too && t.is_cpu()), kOp, ": ", name, " is on ", t.device(),
+                    " but req_to_token is on ", device);
+}
+
+// Request i's cached prefix, whose address the op takes: an int64 1-D tensor on `device` with real
+// memory of its own (a wrapper subclass or a fake tensor has a Python dispatch key and often a null
+// data pointer; the kernel would read address 0). Checks metadata only, never values.
+inline void check_prefix_tensor(int64_t i, const at::Tensor& t, const at::Device& device) {
+  TORCH_CHECK_VALUE(t.device() == device, kOp, ": request ", i, ": prefix_tensors entry is on ", t.device(),
+                    " but req_to_token is on ", device);
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, kOp, ": request ", i,
+                   ": prefix_tensors entry must be torch.int64, got ", dtype_name(t.scalar_type()));
+  const bool real_memory = t.layout() == at::kStrided && !t.key_set().has(c10::DispatchKey::Python) &&
+                           !t._is_zerotensor() && t.has_storage() && (t.numel() == 0 || t.const_data_ptr() != nullptr);
+  TORCH_CHECK_TYPE(real_memory, kOp, ": request ", i,
+                   ": prefix_tensors entry has no memory of its own (a tensor subclass wrapping others, a fake or "
+                   "zero tensor); pass the tensor that holds the slots");
+  TORCH_CHECK_VALUE(t.dim() == 1, kOp, ": request ", i, ": prefix_tensors entry must be 1-D, got shape ", t.sizes());
+  TORCH_CHECK_VALUE(t.numel() <= 1 || t.stride(0) == 1, kOp, ": request ", i,
+                    ": prefix_tensors entry must be contiguous, got stride ", t.stride(0));
 }
 
 // One request's row and its [0, prefix_len) + [prefix_len, seq_len) span of that row: checked by

@@ -2,14 +2,12 @@
 
 #include <ATen/ops/empty.h>
 
-#include <tuple>
-
 #include "python/py_objects.h"
 #include "kernels/cache_index_checks.h"
 
 namespace pinstage {
 
-std::tuple<at::Tensor, at::Tensor> cache_index_plan(const at::Tensor& req_to_token, PyObject* prefix_tensors,
+at::Tensor cache_index_plan(const at::Tensor& req_to_token, PyObject* prefix_tensors,
                                                     const at::Tensor& req_pool_indices, const at::Tensor& prefix_lens,
                                                     const at::Tensor& seq_lens, const at::Tensor& extend_lens,
                                                     const at::Tensor& out_cache_loc) {
@@ -37,9 +35,7 @@ std::tuple<at::Tensor, at::Tensor> cache_index_plan(const at::Tensor& req_to_tok
   const int64_t* seq_len = seq_lens.const_data_ptr<int64_t>();
   const int64_t* extend = extend_lens.const_data_ptr<int64_t>();
 
-  at::Tensor pointers = at::empty({batch}, at::TensorOptions().dtype(at::kUInt64));
   at::Tensor offsets = at::empty({batch}, at::TensorOptions().dtype(at::kLong));
-  auto* pointer_out = static_cast<uint64_t*>(pointers.data_ptr());
   auto* offset_out = offsets.data_ptr<int64_t>();
   int64_t running = 0;
   for (int64_t i = 0; i < batch; ++i) {
@@ -50,24 +46,16 @@ std::tuple<at::Tensor, at::Tensor> cache_index_plan(const at::Tensor& req_to_tok
     TORCH_CHECK_TYPE(is_tensor(obj), kOp, ": request ", i, ": prefix_tensors entry must be a tensor, got ",
                      Py_TYPE(obj)->tp_name);
     const at::Tensor& cached = unpack_tensor(obj);
-    TORCH_CHECK_VALUE(cached.device() == device, kOp, ": request ", i, ": prefix_tensors entry is on ",
-                      cached.device(), " but req_to_token is on ", device);
-    TORCH_CHECK_TYPE(cached.scalar_type() == at::kLong, kOp, ": request ", i,
-                     ": prefix_tensors entry must be torch.int64, got ", dtype_name(cached.scalar_type()));
-    TORCH_CHECK_VALUE(cached.dim() == 1, kOp, ": request ", i, ": prefix_tensors entry must be 1-D, got shape ",
-                      cached.sizes());
+    check_prefix_tensor(i, cached, device);
     TORCH_CHECK_VALUE(cached.numel() >= prefix[i], kOp, ": request ", i, ": prefix_tensors entry has ",
                       cached.numel(), " elements but prefix_lens is ", prefix[i]);
-    TORCH_CHECK_VALUE(prefix[i] <= 1 || cached.stride(0) == 1, kOp, ": request ", i,
-                      ": prefix_tensors entry must be contiguous, got stride ", cached.stride(0));
-    pointer_out[i] = reinterpret_cast<uintptr_t>(cached.const_data_ptr());
     offset_out[i] = running;
     TORCH_CHECK_VALUE(!__builtin_add_overflow(running, extend[i], &running), kOp,
                       ": extend_lens add up to more than 2**63");
   }
   TORCH_CHECK_VALUE(running == out_cache_loc.numel(), kOp, ": extend_lens add up to ", running,
                     " but out_cache_loc has ", out_cache_loc.numel(), " elements");
-  return {pointers, offsets};
+  return offsets;
 }
 
 }  // namespace pinstage

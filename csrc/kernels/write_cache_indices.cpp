@@ -1,17 +1,24 @@
 // write_cache_indices as a torch custom op: CPU and CUDA implementations, and a no-op for fake
-// tensors (it only writes into req_to_token).
+// tensors (it only writes into req_to_token). The per-request tensors are on req_to_token's device;
+// for the CUDA op they may also be CPU tensors, copied with the prefix table in the op's one copy.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
 #include <cstdint>
-#include <tuple>
 #include <vector>
 
 #ifdef PINSTAGE_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+
+#include <cstring>
+
+#include "ring/options.h"
+#include "ring/registry.h"
+#include "stage/lease.h"
+#include "stage/target.h"
 #endif
 
 #include "convert/dtypes.h"
@@ -21,42 +28,62 @@
 namespace pinstage {
 namespace {
 
-CacheIndexParams cache_index_params(const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
-                                    const at::Tensor& prefix_pointers, const at::Tensor& prefix_lens,
-                                    const at::Tensor& seq_lens, const at::Tensor& out_cache_offsets,
-                                    const at::Tensor& out_cache_loc) {
+// The prefix tensors' addresses and lengths, taken from the tensors (checked, never read).
+struct PrefixTable {
+  std::vector<uint64_t> pointers;
+  std::vector<int64_t> numels;
+};
+
+PrefixTable prefix_table(at::TensorList prefix_tensors, int64_t batch, const at::Device& device) {
+  TORCH_CHECK_VALUE(static_cast<int64_t>(prefix_tensors.size()) == batch, kOp, ": prefix_tensors has ",
+                    prefix_tensors.size(), " entries but req_pool_indices has ", batch);
+  PrefixTable table;
+  table.pointers.reserve(static_cast<size_t>(batch));
+  table.numels.reserve(static_cast<size_t>(batch));
+  for (int64_t i = 0; i < batch; ++i) {
+    const at::Tensor& t = prefix_tensors[static_cast<size_t>(i)];
+    check_prefix_tensor(i, t, device);
+    table.pointers.push_back(reinterpret_cast<uintptr_t>(t.const_data_ptr()));
+    table.numels.push_back(t.numel());
+  }
+  return table;
+}
+
+// Checks every argument's dtype, shape and device (per-request tensors may be on the CPU for the
+// CUDA op, `cpu_too`) and fills what does not depend on where the per-request values are.
+CacheIndexParams checked_params(const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
+                                const at::Tensor& prefix_lens, const at::Tensor& seq_lens,
+                                const at::Tensor& out_cache_offsets, const at::Tensor& out_cache_loc, bool cpu_too) {
   check_req_to_token(req_to_token);
   const at::Device device = req_to_token.device();
   const int64_t batch = req_pool_indices.numel();
   TORCH_CHECK_VALUE(batch <= INT32_MAX, kOp, ": at most 2**31 - 1 requests per call, got ", batch);
-  check_per_request(req_pool_indices, "req_pool_indices", at::kLong, batch, device);
-  check_per_request(prefix_pointers, "prefix_pointers", at::kUInt64, batch, device);
-  check_per_request(prefix_lens, "prefix_lens", at::kLong, batch, device);
-  check_per_request(seq_lens, "seq_lens", at::kLong, batch, device);
-  check_per_request(out_cache_offsets, "out_cache_offsets", at::kLong, batch, device);
+  check_per_request(req_pool_indices, "req_pool_indices", at::kLong, batch, device, cpu_too);
+  check_per_request(prefix_lens, "prefix_lens", at::kLong, batch, device, cpu_too);
+  check_per_request(seq_lens, "seq_lens", at::kLong, batch, device, cpu_too);
+  check_per_request(out_cache_offsets, "out_cache_offsets", at::kLong, batch, device, cpu_too);
   check_out_cache_loc(out_cache_loc, device);
-  return CacheIndexParams{
-      req_to_token.data_ptr<int32_t>(),
-      req_to_token.stride(0),
-      req_to_token.size(0),
-      req_to_token.size(1),
-      batch,
-      req_pool_indices.const_data_ptr<int64_t>(),
-      static_cast<const uint64_t*>(prefix_pointers.const_data_ptr()),
-      prefix_lens.const_data_ptr<int64_t>(),
-      seq_lens.const_data_ptr<int64_t>(),
-      out_cache_offsets.const_data_ptr<int64_t>(),
-      out_cache_loc.const_data_ptr<int64_t>(),
-      out_cache_loc.numel(),
-  };
+  CacheIndexParams p{};
+  p.req_to_token = req_to_token.data_ptr<int32_t>();
+  p.row_stride = req_to_token.stride(0);
+  p.rows = req_to_token.size(0);
+  p.max_context_len = req_to_token.size(1);
+  p.batch = batch;
+  p.out_cache_loc = out_cache_loc.const_data_ptr<int64_t>();
+  p.out_cache_len = out_cache_loc.numel();
+  return p;
 }
 
 void write_cache_indices_cpu(const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
-                             const at::Tensor& prefix_pointers, const at::Tensor& prefix_lens,
-                             const at::Tensor& seq_lens, const at::Tensor& out_cache_offsets,
-                             const at::Tensor& out_cache_loc) {
-  const CacheIndexParams p = cache_index_params(req_to_token, req_pool_indices, prefix_pointers, prefix_lens,
-                                                seq_lens, out_cache_offsets, out_cache_loc);
+                             at::TensorList prefix_tensors, const at::Tensor& prefix_lens, const at::Tensor& seq_lens,
+                             const at::Tensor& out_cache_offsets, const at::Tensor& out_cache_loc) {
+  CacheIndexParams p = checked_params(req_to_token, req_pool_indices, prefix_lens, seq_lens, out_cache_offsets,
+                                      out_cache_loc, /*cpu_too=*/false);
+  const PrefixTable table = prefix_table(prefix_tensors, p.batch, req_to_token.device());
+  p.req_pool_indices = req_pool_indices.const_data_ptr<int64_t>();
+  p.prefix_lens = prefix_lens.const_data_ptr<int64_t>();
+  p.seq_lens = seq_lens.const_data_ptr<int64_t>();
+  p.out_cache_offsets = out_cache_offsets.const_data_ptr<int64_t>();
   // Every value is checked before the first write, so a bad request leaves req_to_token untouched.
   for (int64_t i = 0; i < p.batch; ++i) {
     check_request_span(i, p.req_pool_indices[i], p.prefix_lens[i], p.seq_lens[i], p.rows, p.max_context_len);
@@ -66,12 +93,13 @@ void write_cache_indices_cpu(const at::Tensor& req_to_token, const at::Tensor& r
     TORCH_CHECK_VALUE(offset >= 0 && offset <= p.out_cache_len && extend_len <= p.out_cache_len - offset, kOp,
                       ": request ", i, ": out_cache_offsets is ", offset, " with ", extend_len,
                       " new tokens, outside out_cache_loc (", p.out_cache_len, " elements)");
-    TORCH_CHECK_VALUE(p.prefix_lens[i] == 0 || p.prefix_pointers[i] != 0, kOp, ": request ", i,
-                      ": prefix_pointers is null but prefix_lens is ", p.prefix_lens[i]);
+    TORCH_CHECK_VALUE(p.prefix_lens[i] <= table.numels[static_cast<size_t>(i)], kOp, ": request ", i,
+                      ": prefix_tensors entry has ", table.numels[static_cast<size_t>(i)],
+                      " elements but prefix_lens is ", p.prefix_lens[i]);
   }
   for (int64_t i = 0; i < p.batch; ++i) {
     int32_t* dst = p.req_to_token + p.req_pool_indices[i] * p.row_stride;
-    const auto* cached = reinterpret_cast<const int64_t*>(p.prefix_pointers[i]);
+    const auto* cached = reinterpret_cast<const int64_t*>(table.pointers[static_cast<size_t>(i)]);
     for (int64_t pos = 0; pos < p.prefix_lens[i]; ++pos) dst[pos] = static_cast<int32_t>(cached[pos]);
     const int64_t* extend = p.out_cache_loc + p.out_cache_offsets[i];
     for (int64_t pos = p.prefix_lens[i]; pos < p.seq_lens[i]; ++pos) {
@@ -82,27 +110,73 @@ void write_cache_indices_cpu(const at::Tensor& req_to_token, const at::Tensor& r
 
 #ifdef PINSTAGE_WITH_CUDA
 // Values stay on the device (reading them would make the host wait): cache_index_plan checked them
-// before they were staged, and the kernel skips rows out of bounds.
+// before they were staged, and the kernel skips rows out of bounds. The prefix table, and the
+// per-request values passed on the CPU, go to the device in ONE copy through the staging ring.
 void write_cache_indices_cuda(const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
-                              const at::Tensor& prefix_pointers, const at::Tensor& prefix_lens,
-                              const at::Tensor& seq_lens, const at::Tensor& out_cache_offsets,
-                              const at::Tensor& out_cache_loc) {
-  const CacheIndexParams p = cache_index_params(req_to_token, req_pool_indices, prefix_pointers, prefix_lens,
-                                                seq_lens, out_cache_offsets, out_cache_loc);
+                              at::TensorList prefix_tensors, const at::Tensor& prefix_lens, const at::Tensor& seq_lens,
+                              const at::Tensor& out_cache_offsets, const at::Tensor& out_cache_loc) {
+  CacheIndexParams p = checked_params(req_to_token, req_pool_indices, prefix_lens, seq_lens, out_cache_offsets,
+                                      out_cache_loc, /*cpu_too=*/true);
+  const PrefixTable table = prefix_table(prefix_tensors, p.batch, req_to_token.device());
+  if (p.batch == 0) return;
   const c10::cuda::CUDAGuard guard(req_to_token.device());
-  launch_write_cache_indices(p, c10::cuda::getCurrentCUDAStream(req_to_token.device().index()).stream());
+  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(req_to_token.device().index());
+  // A captured copy would read ring memory reused long before the graph replays.
+  check_not_capturing(stream, kOp);
+  // Where each array comes from, and where the kernel reads it.
+  const size_t column_bytes = static_cast<size_t>(p.batch) * sizeof(int64_t);
+  const size_t slot = align_up(column_bytes, kStagingAlignment);
+  struct Column {
+    const void* host;
+    const at::Tensor* device;
+    const int64_t** param;
+  };
+  const int64_t* pointers_param = nullptr;
+  Column columns[] = {
+      {table.pointers.data(), nullptr, &pointers_param},
+      {table.numels.data(), nullptr, &p.prefix_numels},
+      {nullptr, &req_pool_indices, &p.req_pool_indices},
+      {nullptr, &prefix_lens, &p.prefix_lens},
+      {nullptr, &seq_lens, &p.seq_lens},
+      {nullptr, &out_cache_offsets, &p.out_cache_offsets},
+  };
+  size_t total = 0;
+  for (Column& c : columns) {
+    if (c.device != nullptr && c.device->is_cpu()) c.host = c.device->const_data_ptr();
+    if (c.host != nullptr) total += slot;
+  }
+  StagingRing& ring = ring_for(req_to_token.device().index(), Direction::kToDevice);
+  LeaseGuard lease(ring, total);
+  const at::Tensor staged =
+      at::empty({static_cast<int64_t>(total)}, at::TensorOptions().dtype(at::kByte).device(req_to_token.device()));
+  size_t offset = 0;
+  for (Column& c : columns) {
+    if (c.host == nullptr) {
+      *c.param = c.device->const_data_ptr<int64_t>();
+      continue;
+    }
+    std::memcpy(lease.data() + offset, c.host, column_bytes);
+    *c.param = reinterpret_cast<const int64_t*>(staged.const_data_ptr<uint8_t>() + offset);
+    offset += slot;
+  }
+  lease.copy_and_commit(staged.mutable_data_ptr(), total, stream.stream());
+  ring.counters().record(total, 1, 0);
+  p.prefix_pointers = reinterpret_cast<const uint64_t*>(pointers_param);
+  launch_write_cache_indices(p, stream.stream());
 }
 #endif
 
-void write_cache_indices_fake(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+void write_cache_indices_fake(const at::Tensor&, const at::Tensor&, at::TensorList, const at::Tensor&,
                               const at::Tensor&, const at::Tensor&, const at::Tensor&) {}
 
 }  // namespace
 }  // namespace pinstage
 
+// prefix_tensors are tensors, never addresses: the op takes each one's address itself, after
+// checking that it has memory of its own on req_to_token's device.
 TORCH_LIBRARY(pinstage, m) {
   m.def(
-      "write_cache_indices(Tensor(a!) req_to_token, Tensor req_pool_indices, Tensor prefix_pointers, "
+      "write_cache_indices(Tensor(a!) req_to_token, Tensor req_pool_indices, Tensor[] prefix_tensors, "
       "Tensor prefix_lens, Tensor seq_lens, Tensor out_cache_offsets, Tensor out_cache_loc) -> ()");
 }
 
@@ -113,4 +187,3 @@ TORCH_LIBRARY_IMPL(pinstage, CUDA, m) { m.impl("write_cache_indices", &pinstage:
 #endif
 
 TORCH_LIBRARY_IMPL(pinstage, Meta, m) { m.impl("write_cache_indices", &pinstage::write_cache_indices_fake); }
-

@@ -1,7 +1,7 @@
 // write_cache_indices: fill request-to-token rows with KV slot indices, for a whole batch at once.
 //
 // Row req_pool_indices[i] of req_to_token (int32 [rows, max_context_len]) receives request i's cached
-// prefix (an int64 tensor reached through prefix_pointers[i]) at [0, prefix_lens[i]) and its slice
+// prefix (the int64 tensor prefix_tensors[i]) at [0, prefix_lens[i]) and its slice
 // out_cache_loc[out_cache_offsets[i] : out_cache_offsets[i] + seq_lens[i] - prefix_lens[i]] at
 // [prefix_lens[i], seq_lens[i]).
 #pragma once
@@ -10,8 +10,9 @@
 
 namespace pinstage {
 
-// What the kernel and the CPU loop read: filled by one function (cache_index_params) from tensors
-// whose dtypes, shapes and devices it has checked.
+// What the kernel and the CPU loop read: filled from tensors whose dtypes, shapes, devices and memory
+// have been checked. The prefix addresses are taken by the op from the prefix tensors themselves,
+// never from its caller.
 struct CacheIndexParams {
   int32_t* req_to_token;
   int64_t row_stride;
@@ -19,7 +20,8 @@ struct CacheIndexParams {
   int64_t max_context_len;
   int64_t batch;
   const int64_t* req_pool_indices;
-  const uint64_t* prefix_pointers;
+  const uint64_t* prefix_pointers;  // prefix_tensors[i]'s data
+  const int64_t* prefix_numels;     // and its length: a longer prefix_lens[i] is out of bounds
   const int64_t* prefix_lens;
   const int64_t* seq_lens;
   const int64_t* out_cache_offsets;

@@ -19,7 +19,8 @@ __global__ void write_cache_indices_kernel(const CacheIndexParams p) {
   // from writing outside req_to_token or reading outside out_cache_loc. Bounds are subtractions,
   // which cannot overflow once 0 <= prefix_len <= seq_len holds.
   if (row < 0 || row >= p.rows || prefix_len < 0 || seq_len < prefix_len || seq_len > p.max_context_len ||
-      offset < 0 || offset > p.out_cache_len || seq_len - prefix_len > p.out_cache_len - offset) {
+      prefix_len > p.prefix_numels[req] || offset < 0 || offset > p.out_cache_len ||
+      seq_len - prefix_len > p.out_cache_len - offset) {
     return;
   }
   int32_t* dst = p.req_to_token + row * p.row_stride;

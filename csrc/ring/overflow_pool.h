@@ -2,19 +2,18 @@
 // in flight, or the request is larger than the ring). The ring's rule holds for them too: a block
 // goes back to the free list only after the fence behind the copy that used it has completed (and,
 // for a held block, once its holder let it go). Free blocks (power-of-two sizes) are reused; they
-// are freed only by free_spare(), which configure() and empty_cache() call, never a staging call.
-// Not thread-safe: the owning StagingRing serialises access.
+// are freed only through take_spare(), which configure() and empty_cache() call, never a staging call.
+// It makes no CUDA call but fence queries: the owning StagingRing pins and frees blocks without its
+// lock held, and serialises access to the pool.
 #pragma once
 #ifdef PINSTAGE_WITH_CUDA
-
-#include <c10/core/Device.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <vector>
 
-#include "ring/pinned_memory.h"
 #include "ring/stream_fence.h"
 
 namespace pinstage {
@@ -26,25 +25,34 @@ class OverflowPool {
     size_t bytes = 0;
   };
 
-  explicit OverflowPool(c10::DeviceIndex device) : device_(device) {}
+  OverflowPool() = default;
   OverflowPool(const OverflowPool&) = delete;
   OverflowPool& operator=(const OverflowPool&) = delete;
 
-  // A block of at least `bytes`; from the free list when one fits, else freshly pinned.
-  Block take(size_t bytes, StreamFences& fences) {
+  // A free block of at least `bytes`, or nullopt: the caller then pins a block of
+  // block_size(bytes) without the ring's lock held and hands it to adopt().
+  std::optional<Block> take_free(size_t bytes, StreamFences& fences) {
     release_completed(fences);
-    const size_t size = round_size(bytes);
-    auto it = free_.lower_bound(size);
-    if (it != free_.end()) {
-      Block b = it->second;
-      free_.erase(it);
-      free_bytes_ -= b.bytes;
-      return b;
-    }
-    uint8_t* p = allocate_pinned(size, device_);
-    reserved_bytes_ += size;
+    auto it = free_.lower_bound(block_size(bytes));
+    if (it == free_.end()) return std::nullopt;
+    Block b = it->second;
+    free_.erase(it);
+    free_bytes_ -= b.bytes;
+    return b;
+  }
+
+  // A block freshly pinned for a caller of take_free: counted as reserved from now on.
+  void adopt(const Block& b) {
+    reserved_bytes_ += b.bytes;
     peak_reserved_bytes_ = std::max(peak_reserved_bytes_, reserved_bytes_);
-    return Block{p, size};
+  }
+
+  static size_t block_size(size_t bytes) {
+    // Beyond 2**62 no power of two is left to round to; ask for exactly that much (and fail).
+    if (bytes > (size_t{1} << 62)) return bytes;
+    size_t s = size_t{1} << 16;  // 64 KiB floor: fewer, reusable blocks
+    while (s < bytes) s <<= 1;
+    return s;
   }
 
   void seal(const Block& b, StreamFence* done, bool held) { in_flight_.push_back(InFlight{b, done, held}); }
@@ -75,15 +83,18 @@ class OverflowPool {
     }
   }
 
-  // Frees free blocks until at most `keep` bytes of them are left (largest first).
-  void free_spare(size_t keep) {
+  // Takes free blocks out of the pool until at most `keep` bytes of them are left (largest first);
+  // the caller frees them without the ring's lock held (cudaFreeHost may wait for the device).
+  std::vector<Block> take_spare(size_t keep) {
+    std::vector<Block> spare;
     while (free_bytes_ > keep && !free_.empty()) {
       auto last = std::prev(free_.end());
-      free_pinned(last->second.data);
+      spare.push_back(last->second);
       free_bytes_ -= last->second.bytes;
       reserved_bytes_ -= last->second.bytes;
       free_.erase(last);
     }
+    return spare;
   }
 
   size_t reserved_bytes() const { return reserved_bytes_; }
@@ -101,15 +112,6 @@ class OverflowPool {
     bool held;
   };
 
-  static size_t round_size(size_t bytes) {
-    // Beyond 2**62 no power of two is left to round to; ask for exactly that much (and fail).
-    if (bytes > (size_t{1} << 62)) return bytes;
-    size_t s = size_t{1} << 16;  // 64 KiB floor: fewer, reusable blocks
-    while (s < bytes) s <<= 1;
-    return s;
-  }
-
-  c10::DeviceIndex device_;
   std::multimap<size_t, Block> free_;
   size_t free_bytes_ = 0;
   std::vector<InFlight> in_flight_;

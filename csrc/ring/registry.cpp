@@ -7,7 +7,12 @@
 #include <vector>
 
 #ifdef PINSTAGE_WITH_CUDA
+#include <Python.h>
 #include <c10/cuda/CUDAFunctions.h>
+
+#include <optional>
+
+#include "python/py_objects.h"
 #endif
 
 namespace pinstage {
@@ -98,6 +103,9 @@ void configure_rings(std::optional<size_t> ring_bytes, std::optional<OnFull> on_
 
 void free_unused_ring_memory(std::optional<c10::DeviceIndex> device) {
 #ifdef PINSTAGE_WITH_CUDA
+  // cudaFreeHost may wait for the device: other Python threads keep staging meanwhile.
+  std::optional<GilReleased> no_gil;
+  if (PyGILState_Check()) no_gil.emplace();
   for_each_ring(device, [](StagingRing& ring) { ring.free_unused(); });
 #else
   (void)device;

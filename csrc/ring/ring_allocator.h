@@ -36,6 +36,7 @@ class RingAllocator {
   size_t capacity() const { return capacity_; }
   size_t in_flight_bytes() const { return held_bytes_; }
   size_t peak_in_flight_bytes() const { return peak_held_bytes_; }
+  // Times the head went back to the front of the ring: about the bytes passed through it / capacity.
   uint64_t wraps() const { return wraps_; }
   size_t pending_regions() const { return regions_.size(); }
 
@@ -43,16 +44,20 @@ class RingAllocator {
   // two), or nullopt when the free room cannot hold it right now.
   std::optional<Reservation> try_reserve(size_t bytes, size_t alignment) {
     if (bytes == 0 || bytes > capacity_) return std::nullopt;
-    if (regions_.empty()) head_ = 0;  // nothing held: start over at the front, the largest gap
     const size_t tail = regions_.empty() ? 0 : regions_.front().begin;
     const bool full = !regions_.empty() && head_ == tail;
     if (full) return std::nullopt;
     size_t offset;
     bool wrapped = false;
-    if (regions_.empty() || head_ > tail) {
+    const size_t aligned = align_up(head_, alignment);
+    const bool fits_at_head = aligned <= capacity_ && bytes <= capacity_ - aligned;
+    if (regions_.empty() && !fits_at_head) {
+      head_ = 0;  // nothing held: restart at the front, where anything up to the capacity fits
+      offset = 0;
+      ++wraps_;
+    } else if (regions_.empty() || head_ > tail) {
       // Free room is [head, capacity) then [0, tail).
-      const size_t aligned = align_up(head_, alignment);
-      if (aligned <= capacity_ && bytes <= capacity_ - aligned) {
+      if (fits_at_head) {
         offset = aligned;
       } else if (bytes <= tail) {
         offset = 0;  // the unused end of the ring is held by this region until it is released
@@ -62,17 +67,17 @@ class RingAllocator {
       }
     } else {
       // head < tail: free room is [head, tail).
-      const size_t aligned = align_up(head_, alignment);
       if (aligned > tail || bytes > tail - aligned) return std::nullopt;
       offset = aligned;
     }
     const size_t end = offset + bytes;
     const size_t held = wrapped ? (capacity_ - head_) + end : end - head_;
     regions_.push_back(Region{head_, held, State::kWriting, false, Fence{}});
+    // A wrap is every return of the head to the front: past the unused end, or ending exactly there.
+    if (wrapped || end == capacity_) ++wraps_;
     head_ = end == capacity_ ? 0 : end;
     held_bytes_ += held;
     if (held_bytes_ > peak_held_bytes_) peak_held_bytes_ = held_bytes_;
-    if (wrapped) ++wraps_;
     return Reservation{offset, next_ticket_++};
   }
 
@@ -112,14 +117,16 @@ class RingAllocator {
     return released;
   }
 
-  // Whether the oldest region is held by its user (waiting for its fence cannot free it).
-  bool oldest_held() const { return !regions_.empty() && regions_.front().holder; }
-
-  // The fence of the oldest region when that region is sealed; nullptr when there is none, or when
-  // the oldest region is still being written (there is nothing to wait on yet).
-  const Fence* oldest_fence() const {
-    if (regions_.empty() || regions_.front().state != State::kSealed) return nullptr;
-    return &regions_.front().fence;
+  // The fence whose completion would release the oldest region, the one a full ring can wait for;
+  // nullptr when there is none: no region, or the oldest is still being written or is held by a
+  // reader. Such a region may never complete while the caller waits (its writer may be the caller,
+  // re-entered from a conversion callback, or a thread waiting for the caller), so a full ring
+  // serves those requests elsewhere instead of waiting.
+  const Fence* waitable_oldest_fence() const {
+    if (regions_.empty()) return nullptr;
+    const Region& r = regions_.front();
+    if (r.state != State::kSealed || r.holder) return nullptr;
+    return &r.fence;
   }
 
  private:

@@ -7,7 +7,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
-#include <thread>
+#include <algorithm>
+
+#include "ring/pinned_memory.h"
 
 namespace pinstage {
 namespace {
@@ -27,7 +29,6 @@ StagingRing::StagingRing(c10::DeviceIndex device, size_t capacity, OnFull on_ful
       capacity_(capacity),
       on_full_(on_full),
       events_(device),
-      overflow_(device),
       reclaim_at_(kReclaimEvery) {
   fences_.set_bytes_per_fence(capacity / kFencesPerRing);
 }
@@ -47,26 +48,67 @@ void StagingRing::release_completed_locked() {
 }
 
 void StagingRing::free_unused() {
-  std::lock_guard<std::mutex> lock(mu_);
-  release_completed_locked();
-  c10::cuda::CUDAGuard device_guard(device_);
-  c10::cuda::CUDAStreamCaptureModeGuard capture_mode(cudaStreamCaptureModeRelaxed);
-  overflow_.release_completed(fences_);
-  overflow_.free_spare(0);
-  for (size_t i = 0; i < retired_.size();) {
-    if (retired_[i]->ring.pending_regions() == 0) {
-      free_pinned(retired_[i]->base);
-      retired_.erase(retired_.begin() + static_cast<std::ptrdiff_t>(i));
-    } else {
-      ++i;
+  std::vector<uint8_t*> unused;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    release_completed_locked();
+    c10::cuda::CUDAGuard device_guard(device_);
+    c10::cuda::CUDAStreamCaptureModeGuard capture_mode(cudaStreamCaptureModeRelaxed);
+    overflow_.release_completed(fences_);
+    for (const OverflowPool::Block& b : overflow_.take_spare(0)) unused.push_back(b.data);
+    for (size_t i = 0; i < retired_.size();) {
+      if (retired_[i]->ring.pending_regions() == 0) {
+        unused.push_back(retired_[i]->base);
+        retired_.erase(retired_.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
     }
   }
+  c10::cuda::CUDAGuard device_guard(device_);
+  for (uint8_t* p : unused) free_pinned(p);
 }
 
-std::optional<HostLease> StagingRing::try_acquire(size_t bytes) {
+void StagingRing::allocate_slab() {
+  std::lock_guard<std::mutex> alloc(alloc_mu_);
+  size_t capacity;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (slab_->base != nullptr) return;  // another thread pinned it meanwhile
+    capacity = capacity_;
+  }
+  uint8_t* base = allocate_pinned(capacity, device_);
   std::lock_guard<std::mutex> lock(mu_);
+  slab_->base = base;
+}
+
+HostLease StagingRing::overflow_lease(std::unique_lock<std::mutex>& lock, size_t bytes) {
+  c10::cuda::CUDAGuard device_guard(device_);
+  c10::cuda::CUDAStreamCaptureModeGuard capture_mode(cudaStreamCaptureModeRelaxed);
+  HostLease lease;
+  if (auto block = overflow_.take_free(bytes, fences_)) {
+    lease.block = *block;
+  } else {
+    lock.unlock();
+    const size_t size = OverflowPool::block_size(bytes);
+    lease.block = OverflowPool::Block{allocate_pinned(size, device_), size};
+    lock.lock();
+    overflow_.adopt(lease.block);
+  }
+  lease.data = lease.block.data;
+  lease.bytes = bytes;
+  ++overflows_;
+  return lease;
+}
+
+StagingRing::Acquired StagingRing::try_acquire(size_t bytes) {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (slab_->base == nullptr) {
+    lock.unlock();
+    allocate_slab();
+    lock.lock();  // the slab may have been replaced meanwhile (configure): check again
+  }
   Slab& slab = *slab_;
-  if (slab.base == nullptr) slab.base = allocate_pinned(capacity_, device_);
   if (slab.ring.pending_regions() >= reclaim_at_) release_completed_locked();
   auto r = slab.ring.try_reserve(bytes, kStagingAlignment);
   if (!r) {
@@ -79,10 +121,9 @@ std::optional<HostLease> StagingRing::try_acquire(size_t bytes) {
     lease.bytes = bytes;
     lease.slab = &slab;
     lease.ticket = r->ticket;
-    return lease;
+    return Acquired{lease};
   }
   const OnFull mode = on_full();
-  const bool can_ever_fit = bytes <= capacity_;
   if (mode == OnFull::kError) {
     throw RingFullError(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
                         c10::str("pinstage: the ring of cuda:", static_cast<int>(device_), " has no room for ", bytes,
@@ -90,33 +131,22 @@ std::optional<HostLease> StagingRing::try_acquire(size_t bytes) {
                                  " bytes are in use by copies in flight) and on_full=\"error\"; raise ring_bytes "
                                  "with pinstage.configure(ring_bytes=...) or use on_full=\"overflow\""));
   }
-  // Waiting helps only when the oldest region is waiting for its copy, not for a holder.
-  if (mode == OnFull::kWait && can_ever_fit && !slab.ring.oldest_held()) return std::nullopt;
-  // Overflow: on_full="overflow", or a request larger than the whole ring (waiting cannot help).
-  c10::cuda::CUDAGuard device_guard(device_);
-  c10::cuda::CUDAStreamCaptureModeGuard capture_mode(cudaStreamCaptureModeRelaxed);
-  HostLease lease;
-  lease.block = overflow_.take(bytes, fences_);
-  lease.data = lease.block.data;
-  lease.bytes = bytes;
-  ++overflows_;
-  return lease;
+  // Waiting helps only when the request can ever fit and the oldest region waits for nothing but
+  // its copy; otherwise (and for on_full="overflow") an overflow block serves it.
+  if (mode == OnFull::kWait && bytes <= capacity_) {
+    if (StreamFence* const* oldest = slab.ring.waitable_oldest_fence()) {
+      c10::cuda::CUDAGuard device_guard(device_);
+      c10::cuda::CUDAStreamCaptureModeGuard capture_mode(cudaStreamCaptureModeRelaxed);
+      if (cudaEvent_t event = fences_.event_to_wait_on(*oldest)) {
+        ++waits_;
+        return Acquired{std::nullopt, event};
+      }
+    }
+  }
+  return Acquired{overflow_lease(lock, bytes)};
 }
 
-void StagingRing::wait_for_oldest() {
-  cudaEvent_t oldest = nullptr;
-  c10::cuda::CUDAGuard device_guard(device_);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (StreamFence* const* f = slab_->ring.oldest_fence()) oldest = fences_.event_to_wait_on(*f);
-    ++waits_;
-  }
-  if (oldest == nullptr) {
-    // The oldest region is still being written by another thread, or its fence's stream is
-    // capturing a graph: nothing to wait on yet.
-    std::this_thread::yield();
-    return;
-  }
+void StagingRing::wait_for(cudaEvent_t event) {
   // This is the one blocking call in pinstage; honour torch's sync debug mode like torch's own.
   const auto mode = c10::cuda::warning_state().get_sync_debug_mode();
   TORCH_CHECK(mode != c10::cuda::SyncDebugMode::L_ERROR,
@@ -128,7 +158,8 @@ void StagingRing::wait_for_oldest() {
   // The event may be recycled by another thread once released, but only after it completed, and
   // a recorded-then-completed event stays completed until it is recorded again behind new work;
   // waiting on it then still terminates. No lock is held while waiting.
-  C10_CUDA_CHECK(cudaEventSynchronize(oldest));
+  c10::cuda::CUDAGuard device_guard(device_);
+  C10_CUDA_CHECK(cudaEventSynchronize(event));
 }
 
 StreamFence* StagingRing::commit(HostLease& lease, cudaStream_t stream, bool held) {
@@ -142,17 +173,32 @@ StreamFence* StagingRing::commit(HostLease& lease, cudaStream_t stream, bool hel
   } else {
     overflow_.seal(lease.block, f, held);
   }
+  const HostLease sealed = lease;
   if (!held) lease = HostLease{};
+  if (fences_.due(f)) {
+    try {
+      c10::cuda::CUDAGuard device_guard(device_);
+      fences_.record(f);
+    } catch (...) {
+      // Nobody will hold a lease whose commit failed; the open fence is recorded at the next check.
+      if (held) unhold_locked(sealed);
+      throw;
+    }
+  }
   return f;
 }
 
-void StagingRing::unhold(const HostLease& committed) {
-  std::lock_guard<std::mutex> lock(mu_);
+void StagingRing::unhold_locked(const HostLease& committed) noexcept {
   if (committed.slab != nullptr) {
     committed.slab->ring.unhold(committed.ticket);
   } else {
     overflow_.unhold(committed.block.data);
   }
+}
+
+void StagingRing::unhold(const HostLease& committed) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  unhold_locked(committed);
 }
 
 bool StagingRing::fence_done(StreamFence* fence) {
@@ -181,25 +227,21 @@ void StagingRing::abandon(HostLease& lease) {
 
 void StagingRing::set_options(std::optional<size_t> capacity, std::optional<OnFull> on_full) {
   if (on_full) on_full_.store(*on_full, std::memory_order_relaxed);
-  if (!capacity || *capacity == capacity_) return;
-  free_unused();
-  std::lock_guard<std::mutex> lock(mu_);
-  retire_slab_locked();
-  slab_ = std::make_unique<Slab>(*capacity);
-  capacity_ = *capacity;
-  fences_.set_bytes_per_fence(capacity_ / kFencesPerRing);
-}
-
-void StagingRing::retire_slab_locked() {
-  Slab& old = *slab_;
-  wraps_retired_ += old.ring.wraps();
-  if (old.ring.peak_in_flight_bytes() > peak_retired_) peak_retired_ = old.ring.peak_in_flight_bytes();
-  if (old.ring.pending_regions() == 0) {
-    free_pinned(old.base);
-  } else {
-    // Copies (or writers holding leases) still read it: keep it until they are done.
+  if (!capacity) return;
+  {
+    std::lock_guard<std::mutex> alloc(alloc_mu_);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (*capacity == capacity_) return;
+    // The old slab is retired, and freed by free_unused() below once nothing uses it.
+    Slab& old = *slab_;
+    wraps_retired_ += old.ring.wraps();
+    peak_retired_ = std::max(peak_retired_, old.ring.peak_in_flight_bytes());
     retired_.push_back(std::move(slab_));
+    slab_ = std::make_unique<Slab>(*capacity);
+    capacity_ = *capacity;
+    fences_.set_bytes_per_fence(capacity_ / kFencesPerRing);
   }
+  free_unused();
 }
 
 StagingRing::Snapshot StagingRing::snapshot() {

@@ -47,19 +47,32 @@ class StagingRing {
   StagingRing(const StagingRing&) = delete;
   StagingRing& operator=(const StagingRing&) = delete;
 
-  // Host memory for `bytes` (> 0) that no copy in flight uses. Never blocks. Returns nullopt only
-  // when on_full is kWait and the ring has no room yet: call wait_for_oldest() and try again.
-  // Throws RingFullError when on_full is kError and there is no room.
-  std::optional<HostLease> try_acquire(size_t bytes);
+  // What try_acquire gives: a lease, or (on_full="wait" and no room) an event to wait for with
+  // wait_for() before trying again. The event is always that of a copy already enqueued: a region
+  // that may never complete while its caller waits (still being written, perhaps by the caller
+  // itself re-entered from a conversion callback; held by a reader; its fence's stream capturing)
+  // is not waited for, the request is served from an overflow block instead.
+  struct Acquired {
+    std::optional<HostLease> lease;
+    cudaEvent_t wait_on = nullptr;
+  };
 
-  // Blocks until the oldest region's copy has completed (on_full == kWait only).
-  void wait_for_oldest();
+  // Host memory for `bytes` (> 0) that no copy in flight uses. Never blocks on the device (pinning
+  // new memory may take time, without the ring's lock held). Throws RingFullError when on_full is
+  // kError and there is no room.
+  Acquired try_acquire(size_t bytes);
+
+  // Blocks until `event` (from try_acquire) has completed. No lock is held meanwhile.
+  void wait_for(cudaEvent_t event);
 
   // The copy that uses `lease` is enqueued on `stream`; its fence is recorded behind it. A `held`
   // lease is also kept until unhold(); its fence is recorded at once and stays valid until then.
+  // The region is sealed before anything that can fail: even when this throws (recording the
+  // fence failed; a held lease is then unheld), it is released once its copy completes.
   StreamFence* commit(HostLease& lease, cudaStream_t stream, bool held = false);
   void abandon(HostLease& lease);
-  void unhold(const HostLease& committed);
+  // Cannot fail: a region whose holder could not let go would block every later one forever.
+  void unhold(const HostLease& committed) noexcept;
 
   // For a held lease's fence: has its copy completed (no waiting), and the event to wait on.
   bool fence_done(StreamFence* fence);
@@ -69,7 +82,7 @@ class StagingRing {
   OnFull on_full() const { return on_full_.load(std::memory_order_relaxed); }
 
   // Frees retired slabs and spare overflow blocks whose copies have completed. May synchronise the
-  // device (cudaFreeHost): for configure() and empty_cache() only.
+  // device (cudaFreeHost, called without the ring's lock held): for configure() and empty_cache().
   void free_unused();
 
   StagingCounters& counters() { return counters_; }
@@ -84,9 +97,17 @@ class StagingRing {
 
  private:
   void release_completed_locked();
-  void retire_slab_locked();
+  void allocate_slab();
+  void unhold_locked(const HostLease& committed) noexcept;
+  HostLease overflow_lease(std::unique_lock<std::mutex>& lock, size_t bytes);
 
   const c10::DeviceIndex device_;
+  // Lock order: alloc_mu_, then mu_. mu_ guards the state and is never held across a call that can
+  // block (cudaHostAlloc, cudaFreeHost, cudaEventSynchronize), so that one thread's empty_cache()
+  // or first use does not stall every other thread's staging (PyTorch's CachingHostAllocator
+  // keeps its lock off these calls for the same reason). alloc_mu_ serialises pinning the slab and
+  // replacing it (set_options), so the slab being pinned is not retired meanwhile.
+  std::mutex alloc_mu_;
   std::mutex mu_;
   std::unique_ptr<Slab> slab_;                  // the live slab; base allocated lazily
   size_t capacity_;

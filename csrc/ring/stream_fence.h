@@ -51,7 +51,7 @@ class StreamFences {
   StreamFences(const StreamFences&) = delete;
   StreamFences& operator=(const StreamFences&) = delete;
 
-  // The fence a copy just enqueued on `stream` is covered by.
+  // The fence a copy just enqueued on `stream` is covered by (recorded later: see due()).
   StreamFence* attach(cudaStream_t stream, size_t bytes) {
     StreamFence* f = nullptr;
     for (StreamFence* o : open_) {
@@ -68,8 +68,24 @@ class StreamFences {
     ++f->attached;
     ++f->holders;
     f->bytes = bytes > SIZE_MAX - f->bytes ? SIZE_MAX : f->bytes + bytes;
-    if (f->attached >= kRegionsPerFence || f->bytes >= bytes_per_fence_) record(f);
     return f;
+  }
+
+  // Whether an open fence covers enough to be recorded now (see the top of this file). attach()
+  // makes no CUDA call, so that a region is sealed before anything that can fail runs.
+  bool due(const StreamFence* f) const {
+    return f->event == nullptr && (f->attached >= kRegionsPerFence || f->bytes >= bytes_per_fence_);
+  }
+
+  void record(StreamFence* f) {
+    // Relaxed: another thread may be capturing a graph in "global" mode (see staging_ring.cpp).
+    c10::cuda::CUDAStreamCaptureModeGuard capture_mode(cudaStreamCaptureModeRelaxed);
+    cudaEvent_t e = events_.acquire();
+    const cudaError_t err = cudaEventRecord(e, f->stream);
+    if (err != cudaSuccess) events_.release(e);  // the fence stays open: the next check records it
+    C10_CUDA_CHECK(err);
+    f->event = e;
+    forget_open(f);
   }
 
   // Non-blocking: has every copy covered by `f` completed? Records an open fence first, unless its
@@ -102,15 +118,6 @@ class StreamFences {
   }
 
  private:
-  void record(StreamFence* f) {
-    // Relaxed: another thread may be capturing a graph in "global" mode (see staging_ring.cpp).
-    c10::cuda::CUDAStreamCaptureModeGuard capture_mode(cudaStreamCaptureModeRelaxed);
-    cudaEvent_t e = events_.acquire();
-    C10_CUDA_CHECK(cudaEventRecord(e, f->stream));
-    f->event = e;
-    forget_open(f);
-  }
-
   void forget_open(StreamFence* f) {
     for (size_t i = 0; i < open_.size(); ++i) {
       if (open_[i] == f) {

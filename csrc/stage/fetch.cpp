@@ -2,8 +2,13 @@
 
 #include <ATen/ops/from_blob.h>
 
+#include <mutex>
+#include <string>
+#include <tuple>
+
 #include "ring/options.h"
 #include "ring/registry.h"
+#include "stage/lease.h"
 #include "stage/target.h"
 
 #ifdef PINSTAGE_WITH_CUDA
@@ -21,30 +26,49 @@ struct FetchHandle::Region {
   HostLease lease;
   StreamFence* fence = nullptr;
   ~Region() {
-    if (ring == nullptr) return;
-    try {
-      ring->unhold(lease);
-    } catch (...) {  // a destructor must not throw; the region then stays held (safe, never reused)
-    }
+    if (ring != nullptr) ring->unhold(lease);  // cannot fail (see StagingRing::unhold)
   }
 #endif
 };
+
+namespace {
+
+// Only memory a tensor really has is copied: a tensor subclass that wraps others or a fake tensor
+// (a Python dispatch key, often a null data pointer) and an efficient zero tensor have none, and a
+// quantized tensor's values mean nothing without its quantizer.
+void check_fetchable(const at::Tensor& t, size_t i, const char* api) {
+  TORCH_CHECK_TYPE(t.layout() == c10::kStrided && !t.is_nested(), "pinstage.", api, ": tensor ", i, " is a ",
+                   t.is_nested() ? std::string("nested") : c10::str(t.layout()),
+                   " tensor; only strided tensors can be fetched");
+  TORCH_CHECK_TYPE(!t.is_quantized(), "pinstage.", api, ": tensor ", i, " is quantized (", t.scalar_type(),
+                   "); fetch its dequantize() or int_repr()");
+  const bool real_memory = !t.key_set().has(c10::DispatchKey::Python) && !t._is_zerotensor() && t.has_storage() &&
+                           (t.numel() == 0 || t.storage().data() != nullptr);
+  TORCH_CHECK_TYPE(real_memory, "pinstage.", api, ": tensor ", i, " (", t.scalar_type(), " on ", t.device(),
+                   ") has no memory of its own to copy (a tensor subclass wrapping others, a fake or zero tensor); "
+                   "fetch the tensors it holds");
+}
+
+}  // namespace
 
 std::shared_ptr<FetchHandle> FetchHandle::start(const std::vector<at::Tensor>& tensors, PyObject* stream,
                                                 const char* api) {
   auto handle = std::make_shared<FetchHandle>();
   TORCH_CHECK_VALUE(!tensors.empty(), "pinstage.", api, ": nothing to fetch");
   const c10::Device device = tensors[0].device();
-  for (const at::Tensor& t : tensors) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
     TORCH_CHECK_VALUE(t.device() == device, "pinstage.", api, ": the tensors are on ", device, " and ", t.device(),
                       "; one fetch copies from one device");
-    TORCH_CHECK_TYPE(t.layout() == c10::kStrided, "pinstage.", api, ": a ", t.layout(), " tensor cannot be fetched");
+    check_fetchable(t, i, api);
     handle->shapes_.emplace_back(t.sizes().begin(), t.sizes().end());
     handle->dtypes_.push_back(t.scalar_type());
   }
   if (device.is_cpu()) {
     TORCH_CHECK_VALUE(stream == Py_None, "pinstage.", api, ": the tensors are on the CPU; no stream applies");
-    for (const at::Tensor& t : tensors) handle->host_.push_back(t.detach().clone(at::MemoryFormat::Contiguous));
+    for (const at::Tensor& t : tensors) {
+      handle->host_.push_back(t.detach().resolve_conj().resolve_neg().clone(at::MemoryFormat::Contiguous));
+    }
     return handle;
   }
   TORCH_CHECK_VALUE(device.is_cuda(), "pinstage.", api, ": the tensors are on ", device, "; CUDA or CPU only");
@@ -55,43 +79,35 @@ std::shared_ptr<FetchHandle> FetchHandle::start(const std::vector<at::Tensor>& t
   std::vector<at::Tensor> sources;
   size_t total = 0;
   for (const at::Tensor& t : tensors) {
-    // A strided tensor is made contiguous by a kernel on the copy's stream, before the copy.
+    // Conjugate and negative bits are resolved, and a strided tensor made contiguous, by kernels on
+    // the copy's stream before the copy; what they allocate is allocated on that stream.
     c10::cuda::CUDAStreamGuard stream_guard(s);
-    sources.push_back(t.is_contiguous() ? t : t.contiguous());
+    at::Tensor source = t.resolve_conj().resolve_neg();
+    sources.push_back(source.is_contiguous() ? source : source.contiguous());
+    // The tensor may be freed once this call returns: its memory must not be reused by its own
+    // stream before the work on `s` has read it (the copy, or the kernels above).
+    c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), s);
     handle->offsets_.push_back(align_up(total, kStagingAlignment));
     total = handle->offsets_.back() + sources.back().nbytes();
   }
   StagingRing& ring = ring_for(device.index(), Direction::kToHost);
-  auto region = std::make_shared<Region>();
-  for (;;) {
-    if (auto lease = ring.try_acquire(std::max<size_t>(total, 1))) {
-      region->lease = *lease;
-      break;
-    }
-    ring.wait_for_oldest();  // on_full="wait" (the GIL is held: a fetch is short)
-  }
+  LeaseGuard lease(ring, std::max<size_t>(total, 1));
   size_t copies = 0;
   try {
     for (size_t i = 0; i < sources.size(); ++i) {
       if (sources[i].nbytes() == 0) continue;
-      copy_async(region->lease.data + handle->offsets_[i], sources[i].const_data_ptr(), sources[i].nbytes(),
+      copy_async(lease.data() + handle->offsets_[i], sources[i].const_data_ptr(), sources[i].nbytes(),
                  cudaMemcpyDeviceToHost, s.stream());
       ++copies;
-      // The source may be freed once this call returns: its memory must not be reused by its own
-      // stream before the copy on `s` has read it.
-      c10::cuda::CUDACachingAllocator::recordStream(sources[i].storage().data_ptr(), s);
     }
   } catch (...) {
-    if (copies == 0) {
-      ring.abandon(region->lease);
-      throw;
-    }
-    // A copy is enqueued: the region may only be given back behind its fence.
-    region->fence = ring.commit(region->lease, s.stream(), /*held=*/false);
-    region->lease = HostLease{};
+    // A copy is enqueued: the region may only be given back behind its fence (no copy: the guard
+    // abandons it).
+    if (copies > 0) lease.commit(s.stream());
     throw;
   }
-  region->fence = ring.commit(region->lease, s.stream(), /*held=*/true);
+  auto region = std::make_shared<Region>();
+  std::tie(region->lease, region->fence) = lease.commit(s.stream(), /*held=*/true);
   region->ring = &ring;
   ring.counters().record(total, copies, 0);
   handle->region_ = std::move(region);
@@ -104,50 +120,60 @@ std::shared_ptr<FetchHandle> FetchHandle::start(const std::vector<at::Tensor>& t
 FetchHandle::~FetchHandle() { release(); }
 
 void FetchHandle::release() {
-  released_ = true;
-  region_.reset();
+  std::shared_ptr<Region> dropped;  // let go outside the handle's lock
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    released_ = true;
+    dropped = std::move(region_);
+  }
   host_.clear();
 }
 
-void FetchHandle::check_not_released() const {
+bool FetchHandle::released() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return released_;
+}
+
+std::shared_ptr<FetchHandle::Region> FetchHandle::held_region() const {
+  std::lock_guard<std::mutex> lock(mu_);
   TORCH_CHECK(!released_, "pinstage.FetchHandle: the handle was released; its memory may hold other values now");
+  return region_;
 }
 
 bool FetchHandle::ready() {
-  check_not_released();
-  if (!host_.empty()) return true;
+  const std::shared_ptr<Region> region = held_region();
 #ifdef PINSTAGE_WITH_CUDA
-  return region_->ring->fence_done(region_->fence);
-#else
-  return true;
+  if (region != nullptr) return region->ring->fence_done(region->fence);
 #endif
+  return true;
 }
 
 void FetchHandle::wait() {
-  check_not_released();
-  if (!host_.empty()) return;
+  // What the wait reads is taken under the handle's lock and kept alive by this reference: a
+  // release() from another thread meanwhile cannot pull the region from under it.
+  const std::shared_ptr<Region> region = held_region();
 #ifdef PINSTAGE_WITH_CUDA
-  if (region_->ring->fence_done(region_->fence)) return;
+  if (region == nullptr || region->ring->fence_done(region->fence)) return;
   const auto mode = c10::cuda::warning_state().get_sync_debug_mode();
   TORCH_CHECK(mode != c10::cuda::SyncDebugMode::L_ERROR,
               "pinstage.FetchHandle.wait: waiting for a copy is a synchronisation, and synchronisation is an error "
               "here (torch.cuda.set_sync_debug_mode / pinstage.testing.no_sync); check ready() instead");
   if (mode == c10::cuda::SyncDebugMode::L_WARN) TORCH_WARN("pinstage.FetchHandle.wait: waiting for a copy");
-  const cudaEvent_t event = region_->ring->fence_event(region_->fence);
+  const cudaEvent_t event = region->ring->fence_event(region->fence);
   C10_CUDA_CHECK(cudaEventSynchronize(event));
 #endif
 }
 
 std::vector<at::Tensor> FetchHandle::tensors() {
-  check_not_released();
-  if (!host_.empty()) return host_;
+  const std::shared_ptr<Region> region = held_region();
+  if (region == nullptr) return host_;
   wait();
   std::vector<at::Tensor> out;
 #ifdef PINSTAGE_WITH_CUDA
   for (size_t i = 0; i < shapes_.size(); ++i) {
     // Each view holds the region: released (for reuse) only when the handle and every view are gone.
-    std::shared_ptr<Region> hold = region_;
-    out.push_back(at::from_blob(region_->lease.data + offsets_[i], shapes_[i], [hold](void*) mutable { hold.reset(); },
+    std::shared_ptr<Region> hold = region;
+    out.push_back(at::from_blob(region->lease.data + offsets_[i], shapes_[i], [hold](void*) mutable { hold.reset(); },
                                 at::TensorOptions().dtype(dtypes_[i])));
   }
 #endif

@@ -9,6 +9,7 @@
 #include <Python.h>
 
 #include <memory>
+#include <mutex>
 #include <vector>
 
 namespace pinstage {
@@ -21,18 +22,22 @@ class FetchHandle {
                                             const char* api);
   ~FetchHandle();
 
+  // Each may run while another thread releases the handle (wait() runs with the GIL released):
+  // the region is taken under the handle's lock, and a reference keeps it while it is read.
   bool ready();          // never waits
-  void wait();           // waits for this fetch's copies only; the caller releases the GIL
+  void wait();           // waits for this fetch's copies only; the caller may release the GIL
   std::vector<at::Tensor> tensors();  // CPU tensors over the held memory (waits first)
   void release();        // the handle's hold; views keep theirs
-  bool released() const { return released_; }
+  bool released() const;
   size_t count() const { return shapes_.size(); }
 
   struct Region;  // a held lease; its destructor lets the ring reuse it
 
  private:
-  void check_not_released() const;
+  // The held region (nullptr for a CPU fetch); RuntimeError once released.
+  std::shared_ptr<Region> held_region() const;
 
+  mutable std::mutex mu_;  // guards region_ and released_
   std::shared_ptr<Region> region_;
   bool released_ = false;
   std::vector<at::Tensor> host_;  // CPU inputs: the values, copied at start

@@ -10,6 +10,7 @@
 #include "python/py_objects.h"
 #include "ring/registry.h"
 #include "stage/error_prefix.h"
+#include "stage/lease.h"
 #include "stage/target.h"
 
 #ifdef PINSTAGE_WITH_CUDA
@@ -18,7 +19,6 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include "stage/lease_guard.h"
 #endif
 
 namespace pinstage {
@@ -92,7 +92,7 @@ std::vector<at::Tensor> stage_on_device(std::vector<ItemPlan>& plans, const Targ
   const bool single = plans.size() == 1;
   at::Tensor buffer = single ? empty_on_stream(plans[0].shape, plans[0].dtype, stream)
                              : empty_on_stream({static_cast<int64_t>(total)}, c10::ScalarType::Byte, stream);
-  if (total > 0) lease->copy_and_commit(buffer.data_ptr(), total, stream);
+  if (total > 0) lease->copy_and_commit(buffer.data_ptr(), total, stream.stream());
   ring.counters().record(total, total > 0 ? 1 : 0, fallbacks);
   if (single) return {std::move(buffer)};
   std::vector<at::Tensor> results;
@@ -222,7 +222,7 @@ void stage_into(PyObject* data, PyObject* out_obj, PyObject* stream) {
   LeaseGuard lease(ring, plan.nbytes);
   const bool fell_back = write_item(plan, lease.data());
   check_out_unchanged(out, dtype, device, out_numel);
-  lease.copy_and_commit(out.data_ptr(), plan.nbytes, *s);
+  lease.copy_and_commit(out.data_ptr(), plan.nbytes, s->stream());
   ring.counters().record(plan.nbytes, 1, fell_back ? 1 : 0);
 #endif
 }

@@ -15,7 +15,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include "stage/lease_guard.h"
+#include "stage/lease.h"
 #endif
 
 namespace pinstage {
@@ -233,7 +233,7 @@ void StaticInputs::copy_to_device(std::vector<ItemPlan>& plans, int64_t n, int64
     c10::cuda::CUDACachingAllocator::recordStream(buffer_.storage().data_ptr(), stream);
     recorded_streams_.push_back(stream);
   }
-  lease.copy_and_commit(buffer_.data_ptr(), bytes, stream);
+  lease.copy_and_commit(buffer_.data_ptr(), bytes, stream.stream());
   ring.counters().record(bytes, 1, fallbacks);
 }
 #endif

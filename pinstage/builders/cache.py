@@ -39,29 +39,30 @@ def write_cache_indices(
     Everything is validated on the host before anything is staged or written (IndexError for a row
     outside req_to_token, TypeError for a wrong dtype, ValueError otherwise; messages name the request
     and the field). On CUDA it is one kernel launch on `stream` (default: the current stream) and the
-    host does not wait; the prefix tensors must stay alive until that stream has run the kernel
-    (the kernel reads them through their data pointers).
+    host does not wait. The prefix tensors are read by the kernel: as with any op on that stream,
+    freeing them after the call is safe where the caching allocator orders their reuse (the same
+    stream), not where another stream reuses their memory first.
     """
     check_backend(backend)
     for name, t in (("req_to_token", req_to_token), ("out_cache_loc", out_cache_loc)):
         # By type, not isinstance: an object whose __class__ claims torch.Tensor would be read as one.
         if not issubclass(type(t), torch.Tensor):
             raise TypeError(f"write_cache_indices: {name} must be a tensor, got {type(t).__name__}")
-    # Held for the whole call (the kernel reads the prefixes through raw pointers), and taken before
-    # the ints are read: reading one can run Python code (an __index__) that changes the list.
+    # A copy taken before the ints are read: reading one can run Python code (an __index__) that
+    # changes the list.
     prefix_tensors = list(prefix_tensors)
     columns = _int64_columns(req_pool_indices, prefix_lens, seq_lens, extend_lens)
-    pointers, offsets = _C.cache_index_plan(req_to_token, prefix_tensors, *columns, out_cache_loc)
+    offsets = _C.cache_index_plan(req_to_token, prefix_tensors, *columns, out_cache_loc)
     rows, prefixes, lengths, _ = columns
-    staged = stage(
-        [(rows, torch.int64), (prefixes, torch.int64), (lengths, torch.int64), (offsets, torch.int64),
-         (pointers, torch.uint64)],
-        backend, stream, req_to_token.device,
-    )
-    rows_d, prefixes_d, lengths_d, offsets_d, pointers_d = staged
+    values = [rows, prefixes, lengths, offsets]
+    if backend != "pinstage":
+        # The op copies CPU values itself (with the prefix table, in one copy); the other backends
+        # move them first, the way they are timed against it.
+        values = stage([(v, torch.int64) for v in values], backend, stream, req_to_token.device)
+    rows_v, prefixes_v, lengths_v, offsets_v = values
     with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
         torch.ops.pinstage.write_cache_indices(
-            req_to_token, rows_d, pointers_d, prefixes_d, lengths_d, offsets_d, out_cache_loc
+            req_to_token, rows_v, prefix_tensors, prefixes_v, lengths_v, offsets_v, out_cache_loc
         )
 
 
