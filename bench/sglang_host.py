@@ -170,7 +170,8 @@ def report(args, sizes, samples, waited, device):
             rows.append([name, bs, _report.fmt_us_pm(base["median_us"], (base["min_us"], base["max_us"])),
                          _report.fmt_us_pm(ours["median_us"], (ours["min_us"], ours["max_us"])),
                          _report.fmt_ratio(ratio[name, bs]), waited.get((name, bs), "-")])
-    print("SGLang %s host time per call (%s; median of %d samples)" % (VERSION, meta["gpu"] or "CPU only", args.repeats))
+    print("SGLang %s host time per call (%s; median of %d samples)"
+          % (VERSION, meta["gpu"] or "CPU only", args.repeats))
     _report.print_table(rows)
     checks = []
     if 256 in sizes:

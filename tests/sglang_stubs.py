@@ -28,7 +28,8 @@ import torch
 STUBBED = (
     "sglang.kernels.jit",  # JIT-compiled CUDA sources, kept beside the wheel's .py files
     "msgspec", "psutil", "zmq", "sgl_kernel", "flashinfer", "transformers", "orjson", "huggingface_hub",
-    "pybase64", "partial_json_parser", "openai", "requests", "starlette", "pydantic", "pydantic_core", "torchvision", "IPython", "tqdm",
+    "pybase64", "partial_json_parser", "openai", "requests", "starlette", "pydantic", "pydantic_core",
+    "torchvision", "IPython", "tqdm",
     "dill", "tvm_ffi", "sentencepiece", "safetensors", "compressed_tensors", "regex", "gguf",
 )
 

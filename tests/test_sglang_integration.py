@@ -168,7 +168,8 @@ def run_scenario(sg, device, seed, max_bs, penalties, seeds, rounds=3, decode_st
         log.append(("prefill", snapshot(batch)))
         seen["prefix hit"] += sum(r.prefix_len > 0 and r not in chunked for r in reqs)
         seen["logprob start at extend length"] += sum(
-            r.return_logprob and start == n for r, start, n in zip(reqs, batch.extend_logprob_start_lens, batch.extend_lens))
+            r.return_logprob and start == n
+            for r, start, n in zip(reqs, batch.extend_logprob_start_lens, batch.extend_lens))
         if batch.return_logprob:
             log.append(("pruned", pruned_indices(sg, batch, hidden)))
 
@@ -323,7 +324,8 @@ def test_patched_functions_do_not_wait_for_the_gpu(sg, device):
         reqs = []
         for _ in range(64):
             req = world.request([rng.randrange(1000) for _ in range(rng.randint(2, 30))],
-                                random_params(rng, penalties=True, seeds=False), return_logprob=True, logprob_start_len=0)
+                                random_params(rng, penalties=True, seeds=False), return_logprob=True,
+                                logprob_start_len=0)
             world.admit(req)
             reqs.append(req)
         batch = world.prefill_batch(reqs)

@@ -62,7 +62,8 @@ def enable():
         if _originals:
             return
         version = installed_version()
-        if version is None or version.split("+")[0] not in TESTED_VERSIONS:  # a local build tag leaves the source
+        # A local build tag (0.5.23+cu130) leaves the released source as it was.
+        if version is None or version.split("+")[0] not in TESTED_VERSIONS:
             found = "is not installed" if version is None else f"is version {version}"
             raise RuntimeError(
                 f"pinstage.integrations.sglang was tested with SGLang {', '.join(TESTED_VERSIONS)} only; "
