@@ -232,6 +232,16 @@ def test_neg_and_conj_views_are_resolved(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_stage_into_a_neg_view_is_refused(device):
+    """Bytes written into a neg view's storage read back negated: refused, out left as it was."""
+    base = torch.tensor([1.0, 2.0], device=device)
+    out = base._neg_view()
+    with pytest.raises(ValueError, match="negative view"):
+        pinstage.stage_into([5.0, 6.0], out)
+    assert base.cpu().tolist() == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_error_search_is_linear_in_shared_sublists(device):
     """x = [x, x] 62 times is 63 objects and 2**62 leaves: torch.tensor raises at once, and so
     must pinstage (the search for the refused element must not walk the tree)."""

@@ -254,6 +254,9 @@ void stage_into(PyObject* data, PyObject* out_obj, PyObject* stream) {
   TORCH_CHECK_TYPE(has_real_memory(out), "pinstage.stage_into: out must be a dense tensor whose storage holds its "
                    "values; got a ", Py_TYPE(out_obj)->tp_name, " without one (a tensor subclass, FakeTensor, zero, "
                    "nested or quantized tensor)");
+  // A neg view's storage holds the negated values: bytes written there would read back negated.
+  TORCH_CHECK_VALUE(!out.is_neg(), "pinstage.stage_into: out is a negative view (_neg_view()); its storage holds "
+                    "the negated values, so pass the tensor it views, or a resolved copy (resolve_neg())");
   TORCH_CHECK_VALUE(out.is_contiguous(), "pinstage.stage_into: out must be contiguous");
   TORCH_CHECK_VALUE(device.is_cpu() || device.is_cuda(), "pinstage.stage_into: out must be on the CPU or a CUDA device, got ",
                     device.str());
