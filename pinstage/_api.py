@@ -22,7 +22,9 @@ def stage_to_device(data: Any, dtype: torch.dtype, stream: Optional[torch.cuda.S
     scalars, array.array, memoryview, bytearray, CPU tensors. The result equals
     torch.tensor(data, dtype=dtype) in values, dtype and shape; where torch.tensor raises,
     pinstage raises the same exception type with the offending element's index, value and dtype.
-    Raises TypeError for an unsupported dtype, RuntimeError when `stream` is capturing a CUDA graph,
+    Raises TypeError for an unsupported dtype or for tensor data whose storage does not hold its
+    values and that torch.tensor cannot turn into one that does (FakeTensor, quantized, nested);
+    RuntimeError when `stream` is capturing a CUDA graph,
     RingFullError when the ring is full and on_full="error".
     """
     return _C.stage_to_device(data, dtype, stream, device)
@@ -44,7 +46,9 @@ def stage_into(data: Any, out: torch.Tensor, stream: Optional[torch.cuda.Stream]
 
     data must have out.numel() elements (any shape). One asynchronous copy on `stream` (default:
     the current stream of out's device); for a CUDA graph's static inputs, call it before
-    graph.replay(). A conversion error leaves `out` as it was.
+    graph.replay(). A conversion error leaves `out` as it was. out must hold its values in its own
+    storage: a tensor subclass, FakeTensor or zero tensor is refused (TypeError), a neg view too
+    (ValueError).
     """
     return _C.stage_into(data, out, stream)
 

@@ -10,6 +10,8 @@ import torch
 # torch.tensor's nesting limit; the search below never goes deeper (a self-nested list is finite
 # only up to Python's recursion limit).
 _MAX_DIMS = 128
+# The sequences the search descends into; torch.tensor reads anything else as a whole element.
+_SEQUENCES = frozenset((list, tuple))
 
 
 def register_buffer_types():
@@ -28,14 +30,20 @@ def register_buffer_types():
 
 
 def host_tensor(data, dtype):
-    """torch.tensor(data, dtype=dtype), with errors that name the offending element."""
+    """torch.tensor(data, dtype=dtype) on the CPU, with errors that name the offending element."""
     if isinstance(data, torch.Tensor) and not issubclass(type(data), torch.Tensor):
         # torch.tensor would read it as a tensor because its __class__ says so.
         raise TypeError("pinstage: data claims to be a torch.Tensor but is a %s" % type(data).__name__)
     try:
-        return torch.tensor(data, dtype=dtype)
+        return _convert(data, dtype)
     except Exception as exc:  # re-raised below with the same type
         raise _with_location(exc, data, dtype) from None
+
+
+def _convert(data, dtype):
+    # device="cpu": the core copies these bytes from host memory, whatever torch.set_default_device
+    # or a `with torch.device(...)` block says.
+    return torch.tensor(data, dtype=dtype, device="cpu")
 
 
 def _with_location(exc, data, dtype):
@@ -57,24 +65,54 @@ def _short_repr(value, limit=60):
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _first_refused_element(data, dtype, index=()):
+def _converts(data, dtype):
+    try:
+        # as_tensor for a tensor: the same conversion, without torch.tensor's copy warning.
+        if isinstance(data, torch.Tensor):
+            torch.as_tensor(data, dtype=dtype, device="cpu")
+        else:
+            _convert(data, dtype)
+    except Exception:
+        return False
+    return True
+
+
+def _first_refused_element(data, dtype):
     """(index, value) of the first element, in row-major order, that torch.tensor refuses on its
-    own, or of the first sequence whose length breaks the rectangle; None if none is found."""
-    if isinstance(data, (list, tuple)) and len(index) < _MAX_DIMS:
+    own, or of the first sequence whose length breaks the rectangle; None if none is found.
+
+    Linear in the input: a list or tuple met again (x = [x, x]) was already searched and is skipped,
+    so shared sub-lists are not walked as a tree; a level of scalars is searched by halving, torch
+    converting the left half each time (n/2 + n/4 + ... elements, not one call per element)."""
+    return _search(data, dtype, (), set())
+
+
+def _search(data, dtype, index, searched):
+    if type(data) not in _SEQUENCES or len(index) >= _MAX_DIMS:
+        return None if _converts(data, dtype) else (index, data)
+    if id(data) in searched:  # the caller's data keeps every searched sequence alive meanwhile
+        return None
+    if not _SEQUENCES.isdisjoint(set(map(type, data))):  # a level of sequences (map and set run in C)
         expected = None
         for i, item in enumerate(data):
-            if isinstance(item, (list, tuple)):
+            if type(item) in _SEQUENCES:
                 if expected is None:
                     expected = len(item)
                 elif len(item) != expected:
                     return index + (i,), item
-            found = _first_refused_element(item, dtype, index + (i,))
+        for i, item in enumerate(data):
+            found = _search(item, dtype, index + (i,), searched)
             if found is not None:
                 return found
-        return None
-    try:
-        # as_tensor for a tensor element: the same conversion, without torch.tensor's copy warning.
-        (torch.as_tensor if isinstance(data, torch.Tensor) else torch.tensor)(data, dtype=dtype)
-    except Exception:
-        return index, data
+    else:
+        lo, hi = 0, len(data)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if _converts(data[lo:mid], dtype):
+                lo = mid
+            else:
+                hi = mid
+        if hi - lo == 1 and not _converts(data[lo:hi], dtype):
+            return index + (lo,), data[lo]
+    searched.add(id(data))
     return None

@@ -158,6 +158,27 @@ def test_values_through_the_fallback_and_any_shape_of_n_rows(device):
     assert_views(inputs, ref.tensors, "fallback values")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("form", ["list", "numpy"])
+def test_a_later_fields_python_code_cannot_change_an_earlier_field(device, form):
+    """Field 'ids' is planned first; converting 'temperatures' runs an element's __index__ that
+    rewrites the ids' source: ids are staged as they were when taken, as torch.tensor field by
+    field gives them, never the bytes written later."""
+    fields = {"ids": Field(torch.int64), "ks": Field(torch.int32)}
+    inputs, _ = make(device, max_bs=4, fields=fields)
+    ids = [1, 2, 3] if form == "list" else np.array([1, 2, 3], dtype=np.int64)
+
+    class Rewrites:
+        def __index__(self):
+            ids[0] = 99
+            return 5
+
+    inputs.stage({"ids": ids, "ks": [Rewrites(), 6, 7]}, 3)
+    sync(device)
+    assert inputs["ids"].tolist() == [1, 2, 3, 0]
+    assert inputs["ks"].tolist() == [5, 6, 7, 0]
+
+
 # ---------------------------------------------------------------------------------------------
 # Errors: named, and nothing staged
 

@@ -35,11 +35,13 @@ constexpr char kNativeOrder = '>';
 
 // The torch dtype of a struct-module format code, by its kind and the exporter's item size (native
 // 'l' is 8 bytes where standard '<l' is 4); Undefined for anything else (complex, structured,
-// object, the other byte order).
-c10::ScalarType element_type_of(const char* format, Py_ssize_t itemsize) {
+// object, the other byte order). A sequence (memoryview, array.array) is read by torch through
+// memoryview item access, which knows only native formats ('q' or '@q'): ctypes' '<q' makes
+// torch.tensor raise ValueError, so it is declined and torch raises it.
+c10::ScalarType element_type_of(const char* format, Py_ssize_t itemsize, bool sequence) {
   using c10::ScalarType;
   if (format == nullptr) return itemsize == 1 ? ScalarType::Byte : ScalarType::Undefined;  // "B" by the PEP
-  if (*format == '@' || *format == '=' || *format == kNativeOrder) ++format;
+  if (*format == '@' || (!sequence && (*format == '=' || *format == kNativeOrder))) ++format;
   if (format[0] == '\0' || format[1] != '\0') return ScalarType::Undefined;
   const auto by_size = [itemsize](ScalarType s1, ScalarType s2, ScalarType s4, ScalarType s8) {
     switch (itemsize) {
@@ -66,9 +68,7 @@ c10::ScalarType element_type_of(const char* format, Py_ssize_t itemsize) {
 // One element of a sequence, converted as torch.tensor converts the Python number it reads as.
 template <class T, class S>
 bool store_element(const S& v, T* out) {
-  if constexpr (std::is_same_v<S, bool>) {
-    return store_bool<T>(v, out);
-  } else if constexpr (std::is_floating_point_v<S>) {
+  if constexpr (std::is_floating_point_v<S>) {
     return store_double<T>(static_cast<double>(v), out);
   } else if constexpr (std::is_signed_v<S>) {
     return store_int<T>(static_cast<long long>(v), out);
@@ -128,7 +128,7 @@ bool BufferSource::open(PyObject* obj) {
   }
   view_ = std::move(view);
   const Py_buffer& v = *view_;
-  element_type_ = element_type_of(v.format, v.itemsize);
+  element_type_ = element_type_of(v.format, v.itemsize, kind_ == Kind::kSequence);
   // torch.tensor reads a memoryview of halves as a sequence it cannot size, and a sequence of more
   // than one dimension not at all: let it raise its own errors.
   const bool readable = element_type_ != c10::ScalarType::Undefined &&
@@ -152,6 +152,21 @@ bool BufferSource::open(PyObject* obj) {
   return true;
 }
 
+bool BufferSource::unchanged(PyObject* obj) const {
+  Py_buffer now;
+  if (PyObject_GetBuffer(obj, &now, PyBUF_RECORDS_RO) != 0) {
+    PyErr_Clear();
+    return false;
+  }
+  bool same = now.buf == data_ && now.itemsize == itemsize_ && now.ndim == static_cast<int>(shape_.size());
+  for (int d = 0; same && d < now.ndim; ++d) {
+    same = now.shape[d] == shape_[static_cast<size_t>(d)] &&
+           now.strides[d] == element_strides_[static_cast<size_t>(d)] * itemsize_;
+  }
+  PyBuffer_Release(&now);
+  return same;
+}
+
 bool BufferSource::contiguous() const {
   int64_t expected = 1;
   for (int64_t d = static_cast<int64_t>(shape_.size()) - 1; d >= 0; --d) {
@@ -166,7 +181,10 @@ bool BufferSource::write(c10::ScalarType dtype, void* dst) const {
   int64_t numel = 1;
   for (int64_t s : shape_) numel *= s;  // checked by the caller's plan (checked_nbytes)
   if (numel == 0) return true;
-  if (dtype == element_type_ && contiguous()) {
+  // A sequence's '?' bytes are read as Python bools (any nonzero byte is True), never copied: a
+  // byte of 2 or 255 is not a valid bool.
+  const bool sequence_of_bools = kind_ == Kind::kSequence && element_type_ == c10::ScalarType::Bool;
+  if (dtype == element_type_ && contiguous() && !sequence_of_bools) {
     std::memcpy(dst, data_, static_cast<size_t>(numel) * itemsize);
     return true;
   }
@@ -190,9 +208,15 @@ bool BufferSource::write(c10::ScalarType dtype, void* dst) const {
     return dispatch_dtype(element_type_, [&](auto in_tag) {
       using S = decltype(in_tag);
       for (int64_t i = 0; i < numel; ++i) {
-        S v;
-        std::memcpy(&v, base + i * stride, sizeof(S));
-        if (!store_element<T, S>(v, out + i)) return false;
+        if constexpr (std::is_same_v<S, bool>) {
+          uint8_t byte;
+          std::memcpy(&byte, base + i * stride, 1);
+          if (!store_bool<T>(byte != 0, out + i)) return false;
+        } else {
+          S v;
+          std::memcpy(&v, base + i * stride, sizeof(S));
+          if (!store_element<T, S>(v, out + i)) return false;
+        }
       }
       return true;
     });

@@ -17,8 +17,8 @@ namespace pinstage {
 // None where a module is not installed). Without it only memoryview and bytearray are read here.
 void register_buffer_types(PyObject* numpy_ndarray, PyObject* numpy_generic, PyObject* array_array);
 
-// A held buffer export. Holding it keeps the exporter from resizing or freeing the memory (numpy,
-// array.array and bytearray refuse to resize while exported) until the bytes have been written.
+// A held buffer export. Holding it keeps array.array and bytearray from resizing or freeing the
+// memory until the bytes have been written; numpy does not refuse, hence unchanged().
 class BufferSource {
  public:
   // How torch.tensor treats the data, which decides how a cast is done.
@@ -42,6 +42,11 @@ class BufferSource {
   Kind kind() const { return kind_; }
   c10::ScalarType element_type() const { return element_type_; }
   const std::vector<int64_t>& shape() const { return shape_; }
+
+  // Whether obj still exports the memory, shape and strides that open() read. numpy lets Python
+  // code resize or replace an array's memory while an export is held (a.resize(n, refcheck=False)),
+  // so the memory is checked again right before it is read.
+  bool unchanged(PyObject* obj) const;
 
   // Writes every element as `dtype` into dst (room for numel(shape) of them). Returns false, maybe
   // after writing part of dst, when a value is one that torch.tensor must convert itself.

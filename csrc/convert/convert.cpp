@@ -45,9 +45,13 @@ bool write_range(PyObject* r, int64_t n, T* out) {
   return true;
 }
 
+// Exact lists and tuples only: a subclass may override __iter__ or __len__, which torch.tensor
+// calls and the raw item array ignores, so torch converts subclasses itself.
+inline bool is_fast_sequence(PyObject* o) { return PyList_CheckExact(o) || PyTuple_CheckExact(o); }
+
 template <class T>
 bool write_level(PyObject* seq, const int64_t* shape, size_t ndim, T*& out) {
-  if (!PyList_Check(seq) && !PyTuple_Check(seq)) return false;
+  if (!is_fast_sequence(seq)) return false;
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
   if (n != shape[0]) return false;  // ragged: torch raises ValueError, let it say so
   PyObject** items = PySequence_Fast_ITEMS(seq);
@@ -79,7 +83,7 @@ bool infer_fast_shape(PyObject* obj, std::vector<int64_t>* shape) {
     return true;
   }
   PyObject* level = obj;
-  while (PyList_Check(level) || PyTuple_Check(level)) {
+  while (is_fast_sequence(level)) {
     // torch.tensor's own limit, checked before going deeper: a list nested in itself a million
     // times must raise, not walk (or recurse) that far.
     TORCH_CHECK_VALUE(shape->size() < kMaxDims, "pinstage: too many dimensions '", Py_TYPE(level)->tp_name,

@@ -10,10 +10,16 @@
 
 #include "convert/convert.h"
 #include "convert/dtypes.h"
+#include "convert/tensor_memory.h"
 #include "python/py_objects.h"
 
 namespace pinstage {
 namespace {
+
+// Python dispatch modes (FakeTensorMode, a TorchDispatchMode) must not see pinstage's own
+// allocations and copies: a mode would hand back a tensor without real memory to write through.
+using NoPythonDispatch = c10::impl::ExcludeDispatchKeyGuard;
+const c10::DispatchKeySet kPythonDispatch({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot});
 
 // Never released: it must outlive every call, and decref'ing it during interpreter teardown
 // (static destructors run after Python finalises) would crash.
@@ -26,12 +32,18 @@ PyObject* dtype_object(c10::ScalarType t) {
 at::Tensor call_fallback(PyObject* data, c10::ScalarType dtype) {
   TORCH_CHECK(g_fallback != nullptr, "pinstage: the fallback converter is not registered (import pinstage, not pinstage._C)");
   PyObject* result = checked(PyObject_CallFunctionObjArgs(g_fallback, data, dtype_object(dtype), nullptr));
-  const bool ok = is_tensor(result);
-  at::Tensor t = ok ? unpack_tensor(result) : at::Tensor();
-  Py_DECREF(result);
-  TORCH_CHECK(ok, "pinstage: the fallback converter returned a non-tensor");
+  const PyRef owned(result);
+  TORCH_CHECK(is_tensor(result), "pinstage: the fallback converter returned a non-tensor");
+  const at::Tensor& t = unpack_tensor(result);
+  // torch.tensor dispatches, so under a dispatch mode (FakeTensorMode) or for a tensor subclass its
+  // result can be a tensor without memory: refused, never read.
+  TORCH_CHECK_TYPE(has_real_memory(t), "pinstage: torch.tensor converted the data of type ", Py_TYPE(data)->tp_name,
+                   " to a ", Py_TYPE(result)->tp_name,
+                   " without real memory (a tensor subclass or a dispatch mode such as FakeTensorMode is in "
+                   "effect); pinstage stages only values held in memory");
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == dtype,
               "pinstage: the fallback converter returned a tensor of the wrong device or dtype");
+  NoPythonDispatch no_python(kPythonDispatch);
   return t.contiguous();
 }
 
@@ -54,18 +66,19 @@ void write_fallback(ItemPlan& plan, void* dst) {
 }
 
 // torch.tensor(t, dtype=...) is t.detach().to(dtype, copy=True): torch's copy kernel, which also
-// gathers a strided tensor. The tensor is checked again first: Python code may have run since it
-// was planned.
+// gathers a strided tensor and resolves the conj and neg bits. The tensor (storage included) is
+// checked again first: Python code may have run since it was planned and resized or swapped it.
 void write_tensor(const ItemPlan& plan, void* dst) {
   const at::Tensor& t = plan.tensor;
   if (!t.device().is_cpu() || t.sizes() != c10::IntArrayRef(plan.shape)) data_changed(plan, t.sizes());
+  TORCH_CHECK(has_real_memory(t), "pinstage: the data tensor's storage changed while it was being staged (Python "
+              "code run during the conversion resized or replaced it); nothing was staged");
   if (plan.nbytes == 0) return;
   if (t.scalar_type() == plan.dtype && t.is_contiguous() && !t.is_neg() && !t.is_conj()) {
     std::memcpy(dst, t.const_data_ptr(), plan.nbytes);
     return;
   }
-  c10::impl::ExcludeDispatchKeyGuard no_python(
-      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+  NoPythonDispatch no_python(kPythonDispatch);
   at::AutoDispatchBelowAutograd no_autograd;
   at::from_blob(dst, plan.shape, at::TensorOptions().dtype(plan.dtype)).copy_(t);
 }
@@ -74,6 +87,20 @@ void write_tensor(const ItemPlan& plan, void* dst) {
 // dtype keeps its bytes, except numpy's uint64, which torch refuses ("an integer is required").
 bool numpy_scalar_copies_exactly(c10::ScalarType element_type, c10::ScalarType dtype) {
   return element_type == dtype && dtype != c10::ScalarType::UInt64;
+}
+
+// Refuses tensors whose storage bytes are not their values and that torch.tensor cannot convert
+// either; true when the tensor's memory can be copied directly (else torch.tensor converts it).
+bool tensor_is_copyable(const at::Tensor& t) {
+  TORCH_CHECK_TYPE(t.device().is_cpu(), "pinstage: data is a tensor on ", t.device().str(),
+                   "; pinstage stages host data (for device tensors use tensor.to(device, non_blocking=True))");
+  TORCH_CHECK_TYPE(t.layout() == c10::kStrided, "pinstage: data is a ", t.layout(),
+                   " tensor; pinstage stages dense tensors (use tensor.to_dense())");
+  TORCH_CHECK_TYPE(!t.is_nested(), "pinstage: data is a nested tensor; pinstage stages dense tensors (stage "
+                   "each component, or use tensor.to_padded_tensor())");
+  TORCH_CHECK_TYPE(!t.is_quantized(), "pinstage: data is a quantized tensor (", dtype_name(t.scalar_type()),
+                   "); its memory holds quantized integers, not values: stage tensor.dequantize()");
+  return has_real_memory(t);
 }
 
 }  // namespace
@@ -105,7 +132,7 @@ void set_fallback(PyObject* fn) {
   g_fallback = fn;  // a previous one is deliberately kept alive (see g_fallback)
 }
 
-ItemPlan plan_item(PyObject* data, c10::ScalarType dtype) {
+ItemPlan plan_source(PyObject* data, c10::ScalarType dtype) {
   using Source = ItemPlan::Source;
   ItemPlan plan;
   plan.data = data;
@@ -113,12 +140,8 @@ ItemPlan plan_item(PyObject* data, c10::ScalarType dtype) {
   // The fast shape test first: it is a few pointer compares.
   if (infer_fast_shape(data, &plan.shape)) {
     plan.source = Source::kPython;
-  } else if (is_tensor(data)) {
+  } else if (is_tensor(data) && tensor_is_copyable(unpack_tensor(data))) {
     plan.tensor = unpack_tensor(data);
-    TORCH_CHECK_TYPE(plan.tensor.device().is_cpu(), "pinstage: data is a tensor on ", plan.tensor.device().str(),
-                     "; pinstage stages host data (for device tensors use tensor.to(device, non_blocking=True))");
-    TORCH_CHECK_TYPE(plan.tensor.layout() == c10::kStrided, "pinstage: data is a ", plan.tensor.layout(),
-                     " tensor; pinstage stages dense tensors (use tensor.to_dense())");
     plan.source = Source::kTensor;
     plan.shape.assign(plan.tensor.sizes().begin(), plan.tensor.sizes().end());
   } else if (plan.buffer.open(data) && (plan.buffer.kind() != BufferSource::Kind::kNumpyScalar ||
@@ -127,12 +150,25 @@ ItemPlan plan_item(PyObject* data, c10::ScalarType dtype) {
     plan.shape = plan.buffer.shape();
   } else {
     plan.buffer = BufferSource();
-    plan.tensor = call_fallback(data, dtype);
-    plan.source = Source::kHost;
-    plan.via_fallback = true;
-    plan.shape.assign(plan.tensor.sizes().begin(), plan.tensor.sizes().end());
+    plan.source = Source::kFallback;
+    return plan;
   }
   plan.nbytes = checked_nbytes(plan.shape, dtype, &plan.numel);
+  return plan;
+}
+
+void convert_by_fallback(ItemPlan& plan) {
+  if (plan.source != ItemPlan::Source::kFallback) return;
+  plan.tensor = call_fallback(plan.data, plan.dtype);
+  plan.source = ItemPlan::Source::kHost;
+  plan.via_fallback = true;
+  plan.shape.assign(plan.tensor.sizes().begin(), plan.tensor.sizes().end());
+  plan.nbytes = checked_nbytes(plan.shape, plan.dtype, &plan.numel);
+}
+
+ItemPlan plan_item(PyObject* data, c10::ScalarType dtype) {
+  ItemPlan plan = plan_source(data, dtype);
+  convert_by_fallback(plan);
   return plan;
 }
 
@@ -143,6 +179,7 @@ bool write_item(ItemPlan& plan, void* dst) {
       if (write_fast(plan.data, plan.shape, plan.dtype, dst)) return false;
       break;
     case Source::kBuffer:
+      if (!plan.buffer.unchanged(plan.data)) data_changed(plan, plan.buffer.shape());
       if (plan.buffer.write(plan.dtype, dst)) return false;
       break;
     case Source::kTensor:
@@ -151,6 +188,8 @@ bool write_item(ItemPlan& plan, void* dst) {
     case Source::kHost:
       if (plan.nbytes > 0) std::memcpy(dst, plan.tensor.data_ptr(), plan.nbytes);
       return false;
+    case Source::kFallback:
+      TORCH_CHECK(false, "pinstage: internal error: an item was written before its fallback conversion");
   }
   write_fallback(plan, dst);
   return true;
@@ -158,9 +197,20 @@ bool write_item(ItemPlan& plan, void* dst) {
 
 at::Tensor host_tensor(ItemPlan& plan) {
   if (plan.source == ItemPlan::Source::kHost) return plan.tensor;
-  at::Tensor out = at::empty(plan.shape, at::TensorOptions().dtype(plan.dtype));
+  at::Tensor out;
+  {
+    NoPythonDispatch no_python(kPythonDispatch);
+    out = at::empty(plan.shape, at::TensorOptions().dtype(plan.dtype));
+  }
   write_item(plan, out.data_ptr());
   return plan.source == ItemPlan::Source::kHost ? plan.tensor : out;
+}
+
+void hold_values(ItemPlan& plan) {
+  if (plan.source == ItemPlan::Source::kHost) return;
+  plan.tensor = host_tensor(plan);
+  plan.source = ItemPlan::Source::kHost;
+  plan.buffer = BufferSource();
 }
 
 }  // namespace pinstage

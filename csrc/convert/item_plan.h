@@ -15,10 +15,11 @@ namespace pinstage {
 
 struct ItemPlan {
   enum class Source : uint8_t {
-    kPython,  // Python scalars, lists, tuples, range: the fast converter
-    kBuffer,  // numpy array or scalar, array.array, memoryview, bytearray: `buffer`
-    kTensor,  // a CPU tensor: `tensor`, copied (and cast) by torch's copy kernel
-    kHost,    // `tensor` holds the final values, made by the torch.tensor fallback
+    kPython,    // Python scalars, lists, tuples, range: the fast converter
+    kBuffer,    // numpy array or scalar, array.array, memoryview, bytearray: `buffer`
+    kTensor,    // a CPU tensor with real memory: `tensor`, copied (and cast) by torch's copy kernel
+    kHost,      // `tensor` holds the final values, made by the torch.tensor fallback
+    kFallback,  // torch.tensor must convert it; not done yet (convert_by_fallback)
   };
   PyObject* data = nullptr;  // borrowed from the caller's arguments
   c10::ScalarType dtype = c10::ScalarType::Undefined;
@@ -43,6 +44,12 @@ c10::ScalarType parse_dtype(PyObject* dtype, const char* what);
 // torch.tensor raises with the offending element's index named.
 void set_fallback(PyObject* fn);
 
+// Where the item's values come from, decided without running Python code; Source::kFallback when
+// torch.tensor must convert it (convert_by_fallback, which runs Python code).
+ItemPlan plan_source(PyObject* data, c10::ScalarType dtype);
+void convert_by_fallback(ItemPlan& plan);
+
+// plan_source, then convert_by_fallback where needed.
 ItemPlan plan_item(PyObject* data, c10::ScalarType dtype);
 
 // Writes the plan's bytes to dst (nbytes of room; may be null when nbytes is 0, the data is then
@@ -52,5 +59,20 @@ bool write_item(ItemPlan& plan, void* dst);
 
 // The plan's values as a fresh CPU tensor (for results on the CPU).
 at::Tensor host_tensor(ItemPlan& plan);
+
+// Converts the plan's values now into a CPU tensor it holds (Source::kHost): afterwards nothing
+// Python code does to the data changes or frees what the plan writes.
+void hold_values(ItemPlan& plan);
+
+// Completes plans.back(), the latest of several items planned in order with plan_source. Where
+// torch.tensor must convert it, its Python code may change or free the earlier items' data, so their
+// values are taken first, as torch.tensor applied item by item would see them. named(k, fn) runs fn
+// with errors naming item k.
+template <class Named>
+void finish_plan_in_order(std::vector<ItemPlan>& plans, Named&& named) {
+  if (plans.back().source != ItemPlan::Source::kFallback) return;
+  for (size_t k = 0; k + 1 < plans.size(); ++k) named(k, [&] { hold_values(plans[k]); });
+  named(plans.size() - 1, [&] { convert_by_fallback(plans.back()); });
+}
 
 }  // namespace pinstage

@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include <string>
+#include <typeinfo>
 
 #include "python/py_objects.h"
 
@@ -34,6 +35,9 @@ auto with_error_prefix(Prefix&& prefix, Fn&& fn) -> decltype(fn()) {
     TORCH_CHECK_TYPE(false, prefix(), ": ", e.what_without_backtrace());
   } catch (const c10::ValueError& e) {
     TORCH_CHECK_VALUE(false, prefix(), ": ", e.what_without_backtrace());
+  } catch (const c10::Error& e) {
+    if (typeid(e) != typeid(c10::Error)) throw;  // OutOfMemoryError and the like keep their type
+    TORCH_CHECK(false, prefix(), ": ", e.what_without_backtrace());
   }
 }
 

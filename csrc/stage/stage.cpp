@@ -4,9 +4,11 @@
 
 #include <cstring>
 #include <string>
+#include <typeinfo>
 
 #include "convert/dtypes.h"
 #include "convert/item_plan.h"
+#include "convert/tensor_memory.h"
 #include "python/py_objects.h"
 #include "ring/registry.h"
 #include "stage/error_prefix.h"
@@ -87,7 +89,8 @@ std::vector<at::Tensor> stage_on_device(std::vector<ItemPlan>& plans, const Targ
   size_t fallbacks = 0;
   for (size_t i = 0; i < plans.size(); ++i) {
     uint8_t* dst = plans[i].nbytes > 0 ? lease->data() + offsets[i] : nullptr;
-    fallbacks += for_item(i, name_items, [&] { return write_item(plans[i], dst); }) ? 1 : 0;
+    for_item(i, name_items, [&] { return write_item(plans[i], dst); });
+    fallbacks += plans[i].via_fallback ? 1 : 0;  // when planned or when written, as stage_on_cpu counts
   }
   const bool single = plans.size() == 1;
   at::Tensor buffer = single ? empty_on_stream(plans[0].shape, plans[0].dtype, stream)
@@ -133,10 +136,12 @@ std::vector<at::Tensor> stage_plans(std::vector<ItemPlan>& plans, const Target& 
 // element's __index__, the torch.tensor fallback, another thread while on_full="wait" waits) that
 // replaces out's storage, dtype or device.
 void check_out_unchanged(const at::Tensor& out, c10::ScalarType dtype, c10::Device device, int64_t numel) {
-  TORCH_CHECK(out.scalar_type() == dtype && out.device() == device && out.is_contiguous() && out.numel() == numel,
+  TORCH_CHECK(out.scalar_type() == dtype && out.device() == device && out.is_contiguous() && out.numel() == numel &&
+                  has_real_memory(out),
               "pinstage.stage_into: out changed while data was being converted (it is now ",
               dtype_name(out.scalar_type()), " of shape ", out.sizes(), " on ", out.device(), "; it was ",
-              dtype_name(dtype), " with ", numel, " elements on ", device, "); nothing was written");
+              dtype_name(dtype), " with ", numel, " elements on ", device, ", or its storage no longer holds it); "
+              "nothing was written");
 }
 
 }  // namespace
@@ -172,7 +177,8 @@ std::vector<at::Tensor> stage_many(PyObject* items, PyObject* stream, PyObject* 
     data_refs.push_back(PyRef::borrow(fields[0]));
     PyObject* dtype = fields[1];
     plans.push_back(for_item(static_cast<size_t>(i), true,
-                             [&] { return plan_item(data_refs.back().get(), parse_dtype(dtype, "dtype")); }));
+                             [&] { return plan_source(data_refs.back().get(), parse_dtype(dtype, "dtype")); }));
+    finish_plan_in_order(plans, [](size_t k, auto&& fn) { for_item(k, true, fn); });
   }
   return stage_plans(plans, target, /*name_items=*/true);
 }
@@ -185,6 +191,12 @@ void stage_into(PyObject* data, PyObject* out_obj, PyObject* stream) {
   const c10::ScalarType dtype = out.scalar_type();
   const c10::Device device = out.device();
   TORCH_CHECK_TYPE(is_supported_dtype(dtype), "pinstage.stage_into: out has unsupported dtype ", dtype_name(dtype));
+  TORCH_CHECK_TYPE(has_real_memory(out), "pinstage.stage_into: out must be a dense tensor whose storage holds its "
+                   "values; got a ", Py_TYPE(out_obj)->tp_name, " without one (a tensor subclass, FakeTensor, zero, "
+                   "nested or quantized tensor)");
+  // A neg view's storage holds the negated values: bytes written there would read back negated.
+  TORCH_CHECK_VALUE(!out.is_neg(), "pinstage.stage_into: out is a negative view (_neg_view()); its storage holds "
+                    "the negated values, so pass the tensor it views, or a resolved copy (resolve_neg())");
   TORCH_CHECK_VALUE(out.is_contiguous(), "pinstage.stage_into: out must be contiguous");
   TORCH_CHECK_VALUE(device.is_cpu() || device.is_cuda(), "pinstage.stage_into: out must be on the CPU or a CUDA device, got ",
                     device.str());

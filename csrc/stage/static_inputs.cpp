@@ -112,6 +112,11 @@ StaticInputs::StaticInputs(const std::vector<StaticFieldSpec>& specs, int64_t ma
   dirty_rows_ = 0;
 }
 
+template <class Fn>
+auto StaticInputs::for_field(size_t i, Fn&& fn) const -> decltype(fn()) {
+  return with_error_prefix([&] { return std::string(kStage) + ": " + fields_[i].label; }, std::forward<Fn>(fn));
+}
+
 void StaticInputs::stage(PyObject* values, PyObject* n_arg, PyObject* stream) {
   const int64_t n = rows_arg(n_arg, max_bs_);
 #ifdef PINSTAGE_WITH_CUDA
@@ -125,7 +130,11 @@ void StaticInputs::stage(PyObject* values, PyObject* n_arg, PyObject* stream) {
   const std::vector<PyRef> data = field_values(values);
   std::vector<ItemPlan> plans;
   plans.reserve(fields_.size());
-  for (size_t i = 0; i < fields_.size(); ++i) plans.push_back(plan_field(i, data[i].get(), n));
+  for (size_t i = 0; i < fields_.size(); ++i) {
+    plans.push_back(for_field(i, [&] { return plan_source(data[i].get(), fields_[i].dtype); }));
+    finish_plan_in_order(plans, [&](size_t k, auto&& fn) { for_field(k, fn); });
+    for_field(i, [&] { check_rows(i, plans.back(), n); });
+  }
   const int64_t last_rows = std::max(n, dirty_rows_);
   if (device_.is_cpu()) {
     copy_to_host_buffer(plans, n, last_rows);
@@ -166,15 +175,10 @@ std::vector<PyRef> StaticInputs::field_values(PyObject* values) const {
   return out;
 }
 
-ItemPlan StaticInputs::plan_field(size_t i, PyObject* data, int64_t n) const {
+void StaticInputs::check_rows(size_t i, const ItemPlan& plan, int64_t n) const {
   const Field& f = fields_[i];
-  return with_error_prefix([&] { return std::string(kStage) + ": " + f.label; }, [&] {
-    ItemPlan plan = plan_item(data, f.dtype);
-    TORCH_CHECK_VALUE(plan.numel == n * f.row_numel, "data of shape ", c10::IntArrayRef(plan.shape), " has ", plan.numel,
-                      " elements, but n=", n, " rows of shape ", c10::IntArrayRef(f.row_shape), " are ",
-                      n * f.row_numel);
-    return plan;
-  });
+  TORCH_CHECK_VALUE(plan.numel == n * f.row_numel, "data of shape ", c10::IntArrayRef(plan.shape), " has ", plan.numel,
+                    " elements, but n=", n, " rows of shape ", c10::IntArrayRef(f.row_shape), " are ", n * f.row_numel);
 }
 
 size_t StaticInputs::bytes_through(int64_t rows) const {
@@ -187,8 +191,7 @@ size_t StaticInputs::write_region(uint8_t* region, std::vector<ItemPlan>& plans,
     const Field& f = fields_[i];
     if (!plans.empty()) {
       ItemPlan& plan = plans[i];
-      with_error_prefix([&] { return std::string(kStage) + ": " + f.label; },
-                        [&] { write_item(plan, plan.nbytes > 0 ? region + f.offset : nullptr); });
+      for_field(i, [&] { write_item(plan, plan.nbytes > 0 ? region + f.offset : nullptr); });
       fallbacks += plan.via_fallback ? 1 : 0;
     }
     const size_t rows_end = static_cast<size_t>(i + 1 == fields_.size() ? last_rows : max_bs_);

@@ -56,7 +56,10 @@ class StaticInputs {
   };
 
   std::vector<PyRef> field_values(PyObject* values) const;
-  ItemPlan plan_field(size_t i, PyObject* data, int64_t n) const;
+  // Runs fn() with errors naming field i.
+  template <class Fn>
+  auto for_field(size_t i, Fn&& fn) const -> decltype(fn());
+  void check_rows(size_t i, const ItemPlan& plan, int64_t n) const;
   // Bytes [0, end) of the allocation where the last field's first `rows` rows end: what one copy covers.
   size_t bytes_through(int64_t rows) const;
   // Writes the fields' values (none when plans is empty) and fill rows into `region`, which mirrors
