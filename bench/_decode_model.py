@@ -162,75 +162,52 @@ ADDRESS_FIELDS = ("seq_lens", "req_pool_indices", "out_cache_loc")
 
 
 def make_static_inputs(fields, max_bs, device):
-    """pinstage.StaticInputs over `fields` when this pinstage has it, else per-field tensors in one
-    allocation (the per-field backends and the ideals need only the views)."""
-    if hasattr(pinstage, "StaticInputs"):
-        return pinstage.StaticInputs({name: pinstage.Field(dt, (), fill) for name, (dt, fill) in fields.items()},
-                                     max_bs=max_bs, device=device)
-    return _Views(fields, max_bs, device)
-
-
-class _Views:
-    """The views of StaticInputs without its stage(): one byte allocation, a 16-byte aligned view per field."""
-
-    def __init__(self, fields, max_bs, device):
-        sizes = {name: -(-max_bs * dt.itemsize // 16) * 16 for name, (dt, _) in fields.items()}
-        whole = torch.empty(sum(sizes.values()), dtype=torch.uint8, device=device)
-        self._views, offset = {}, 0
-        for name, (dt, _) in fields.items():
-            self._views[name] = whole[offset : offset + max_bs * dt.itemsize].view(dt)
-            offset += sizes[name]
-        self.names, self.max_bs, self.device = list(fields), max_bs, torch.device(device)
-
-    def __getitem__(self, name):
-        return self._views[name]
+    """pinstage.StaticInputs over `fields` (name -> (dtype, fill)): one allocation, a view per field."""
+    return pinstage.StaticInputs({name: pinstage.Field(dt, (), fill) for name, (dt, fill) in fields.items()},
+                                 max_bs=max_bs, device=device)
 
 
 class Snapshot:
-    """A device copy of every static input, taken once, restored with one device-to-device copy per
-    allocation (one where the views share one allocation, as StaticInputs lays them out)."""
+    """A device copy of every static input, taken once, restored with one device-to-device copy."""
 
     def __init__(self, inputs):
-        self.pairs = [(whole, whole.clone()) for whole in _allocations(inputs)]
+        self.whole = _allocation(inputs)
+        self.saved = self.whole.clone()
 
     def restore(self):
-        for dst, src in self.pairs:
-            dst.copy_(src, non_blocking=True)
+        self.whole.copy_(self.saved, non_blocking=True)
 
 
 class PackedPinnedBuffer:
     """The unguarded single copy: a persistent pinned mirror of the static inputs' allocation; each
-    step the host writes every field's rows and fill into it and one copy per allocation moves it
-    all. The host rewrites it every step whether or not the last copy has read it: unsafe on reuse,
-    timing only (the baseline StaticInputs' ring is measured against)."""
+    step the host writes every field's rows and fill into it and one copy moves it all. The host
+    rewrites it every step whether or not the last copy has read it: unsafe on reuse, timing only
+    (the baseline StaticInputs' ring is measured against)."""
 
     def __init__(self, inputs, fields):
-        self.pairs = [(whole, torch.empty(whole.shape, dtype=torch.uint8, pin_memory=whole.is_cuda))
-                      for whole in _allocations(inputs)]
-        self.columns, self.fills = {}, {name: fill for name, (_, fill) in fields.items()}
+        self.whole = _allocation(inputs)
+        self.host = torch.empty(self.whole.shape, dtype=torch.uint8, pin_memory=self.whole.is_cuda)
+        self.fills = {name: fill for name, (_, fill) in fields.items()}
+        self.columns = {}
         for name in inputs.names:
             view = inputs[name]
-            whole, host = next((w, h) for w, h in self.pairs if w.data_ptr() == view.untyped_storage().data_ptr())
-            start = view.data_ptr() - whole.data_ptr()
-            self.columns[name] = host[start : start + view.numel() * view.element_size()].view(view.dtype).numpy()
+            start = view.data_ptr() - self.whole.data_ptr()
+            self.columns[name] = self.host[start : start + view.numel() * view.element_size()].view(view.dtype).numpy()
 
     def write(self, values, n):
         for name, v in values.items():
             column = self.columns[name]
             column[:n] = v
             column[n:] = self.fills[name]
-        for dst, src in self.pairs:
-            dst.copy_(src, non_blocking=True)
+        self.whole.copy_(self.host, non_blocking=True)
 
 
-def _allocations(inputs):
-    """Byte tensors over the distinct allocations behind the views of `inputs`."""
-    out = {}
-    for name in inputs.names:
-        storage = inputs[name].untyped_storage()
-        if storage.data_ptr() not in out:
-            out[storage.data_ptr()] = torch.empty(0, dtype=torch.uint8, device=inputs[name].device).set_(storage)
-    return list(out.values())
+def _allocation(inputs):
+    """A byte tensor over the one allocation behind every view of `inputs` (StaticInputs' layout)."""
+    views = [inputs[name] for name in inputs.names]
+    storage = views[0].untyped_storage()
+    assert all(v.untyped_storage().data_ptr() == storage.data_ptr() for v in views), "not one allocation"
+    return torch.empty(0, dtype=torch.uint8, device=views[0].device).set_(storage)
 
 
 def sampler_inputs(views):

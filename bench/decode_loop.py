@@ -6,7 +6,7 @@ Per decode step the host prepares step k+1's inputs while the GPU runs step k. T
 (forward, logits, penalties, temperature, top-k/top-p/min-p, sampling) is one CUDA graph per
 batch-size bucket, padded with a calibrated busy-wait kernel so that it takes --forward-ms; its
 static inputs are seq_lens, req_pool_indices, out_cache_loc and seven sampling parameters per
-request (all laid out by pinstage.StaticInputs where this pinstage has it), and the input ids, which
+request (laid out in one allocation by pinstage.StaticInputs), and the input ids, which
 stay on the device (the tokens sampled the step before, one device-to-device copy for every backend).
 The sampled tokens come back to the host one step late. Requests arrive in bursts and are
 prefilled eagerly (write_cache_indices from a shared cached prefix, logits indices for the input
@@ -104,11 +104,6 @@ STATIC_OF_PACKED = 0.99  # pinstage_static / packed_buffer (the ring's cost), ev
 STATIC_OF_IDEAL_1MS = 0.97  # pinstage_static / ideal, 1 ms
 STATE_OF_IDEAL_1MS = 0.97  # pinstage_state / ideal, 1 ms
 STAGE_OVER_BLOCKING_SMALL = 1.25  # pinstage_list and pinstage_state / blocking, bs 1-8, 0.2 ms
-
-
-def available_backends():
-    """Every backend this pinstage can run (StaticInputs is newer than the rest)."""
-    return [name for name in BACKENDS if name != "pinstage_static" or hasattr(pinstage, "StaticInputs")]
 
 
 @dataclasses.dataclass
@@ -545,7 +540,7 @@ def run_config(cfg, dev, cycles_per_us, repeats=3, backends=None):
     recorded = []
     reference, _ = run_backend(RECORDER, cfg, model, graphs, specs, record=recorded)
     replay = for_the_ideal(recorded)
-    names = list(backends or available_backends())
+    names = list(backends or BACKENDS)
     runs = {name: [] for name in names}
     for round_index in range(repeats):
         for name in rotated(names, round_index, repeats):
@@ -692,11 +687,11 @@ def main(argv=None):
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     forwards = [float(s) for s in args.forward_ms.split(",")]
     steps, repeats = args.steps, args.repeats
-    backends = args.backends.split(",") if args.backends else available_backends()
-    unknown = sorted(set(backends) - set(available_backends()))
+    backends = args.backends.split(",") if args.backends else list(BACKENDS)
+    unknown = sorted(set(backends) - set(BACKENDS))
     if unknown or "ideal" not in backends:
         p.error("--backends: %s (available: %s; 'ideal' must be one)" % (
-            "unknown " + ", ".join(unknown) if unknown else "no ideal", ", ".join(available_backends())))
+            "unknown " + ", ".join(unknown) if unknown else "no ideal", ", ".join(BACKENDS)))
     if args.quick:
         sizes, forwards, steps, repeats = [s for s in sizes if s in (1, 64)] or sizes[:1], forwards[:1], min(steps, 40), 1
     cycles = sleep_cycles_per_us() if dev.type == "cuda" else 0.0
