@@ -19,9 +19,11 @@ from .protocols import (
 )
 from .requests import TOP_K_ALL, Request, SamplingParams
 from .sampling import DEFAULT_SAMPLING_SEED, SamplingBatch, build_sampling_batch
+from .static_step import BATCH_STATE_FIELDS, batch_static_inputs
 
 __all__ = [
     "BACKENDS",
+    "BATCH_STATE_FIELDS",
     "BatchRequest",
     "BatchState",
     "DEFAULT_SAMPLING_SEED",
@@ -39,6 +41,7 @@ __all__ = [
     "SamplingParams",
     "TOP_K_ALL",
     "TokenHistory",
+    "batch_static_inputs",
     "build_decode_inputs",
     "build_logprob_indices",
     "build_penalty_last_token_ids",

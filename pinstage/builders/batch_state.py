@@ -7,14 +7,14 @@ whole batch at once when sampled tokens come back; a step is then one stage_many
 one ring region and one copy, whatever the batch size. pinstage's ring is what makes reusing the
 host memory behind those copies safe: the columns are never the copy's source, the ring is.
 """
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
 import pinstage
-from pinstage import _C
+from pinstage import StaticInputs, _C
 from pinstage._api import Device
 
 from ._checks import is_integer_entry
@@ -23,6 +23,7 @@ from .decode import DecodeInputs
 from .protocols import BatchRequest
 from .requests import NO_PENALTIES, check_sampling_fields
 from .sampling import DEFAULT_SAMPLING_SEED, SamplingBatch, sampling_flags
+from .static_step import static_values
 
 # name -> (numpy dtype, shape of one row)
 _COLUMNS: Dict[str, Tuple[type, Tuple[int, ...]]] = {
@@ -55,7 +56,8 @@ class BatchState:
     `sampling_batch`) each stage their tensors with one `pinstage.stage_many` and give the same
     tensors as the list-of-requests builders on the same requests. The sampling flags come from
     counters kept by add/filter/merge, not from a scan per step, and `sampling_batch` stages its
-    tensors again only after the membership changed.
+    tensors again only after the membership changed. `stage_static(inputs)` fills a CUDA graph's
+    static inputs (pinstage.StaticInputs) with all of a step's fields in one copy.
 
     `requests` lists the request objects in slot order, for the engine's own bookkeeping; the state
     never reads them after `add` (append_tokens does not append to their output_ids).
@@ -281,6 +283,22 @@ class BatchState:
         )
         self._staged = (key, batch)
         return batch
+
+    def stage_static(
+        self, inputs: StaticInputs, extra: Optional[Mapping[str, Any]] = None, *,
+        stream: Optional[torch.cuda.Stream] = None,
+    ) -> None:
+        """Fills a CUDA graph's static inputs for this step with ONE StaticInputs.stage (one copy on
+        `stream`, the device's current stream by default; no waits): every field `inputs` declares
+        from the state's columns (input_ids: the last tokens, seq_lens, req_pool_indices, the
+        sampling parameters: static_step.BATCH_STATE_FIELDS) or from `extra` (the caller's per-step
+        values that are not columns, e.g. positions, out_cache_loc: len(self) rows each). Rows past
+        the batch take each field's fill. The sampling flags stay on the host (is_all_greedy...).
+        KeyError naming every declared field that neither gives, ValueError for an `extra` name that
+        the state stages itself or that `inputs` does not declare, and StaticInputs.stage's errors;
+        nothing is staged then."""
+        n = self._size
+        inputs.stage(static_values(self._cols, n, inputs.names, extra), n, stream)
 
     # ----------------------------------------------------------------------------- storage
 
