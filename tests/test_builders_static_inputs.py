@@ -28,6 +28,7 @@ PENALTY_NAMES = ("frequency_penalties", "presence_penalties", "repetition_penalt
 def new_requests(rng, bs):
     requests = random_requests(rng, bs)
     for request, params in zip(requests, random_params(rng, bs)):
+        params.presence_penalty = rng.choice([0.0, 0.0, 0.25])  # random_params sets the other two
         request.sampling_params = params
     return requests
 
