@@ -24,7 +24,7 @@ values come from and how they reach the device (the table's legend says which pa
   pinstage_state   numpy state -> pinstage.stage_into, one per field
   packed_buffer    numpy state -> one persistent pinned buffer laid out like the static inputs -> one
                    copy (the unguarded single copy; it races on reuse like vllm_buffer: timing only)
-  pinstage_static  numpy state -> pinstage.StaticInputs.stage: every field in one copy
+  pinstage_static  numpy state -> BatchState.stage_static: every field in one StaticInputs.stage, one copy
   ideal_same_host  the state backends' host work (bookkeeping, the values), then one device-to-device
                    copy of inputs recorded on the device: its ratio to a state backend is staging alone
   ideal            no host preparation at all: recorded device inputs, one device-to-device copy
@@ -83,7 +83,7 @@ BACKENDS = {
     "packed_buffer": Backend("state", "packed_buffer", "pinned",
                              "numpy state -> one pinned buffer like the inputs, one copy (unsafe on reuse)"),
     "pinstage_static": Backend("state", "static_inputs", "pinstage",
-                               "numpy state -> pinstage.StaticInputs.stage: one copy"),
+                               "numpy state -> BatchState.stage_static (StaticInputs): one copy"),
     "ideal_same_host": Backend("state", "snapshot", "replay", "ideal, same host work: state bookkeeping, no staging"),
     "ideal": Backend(None, "snapshot", "replay", "ideal: no host preparation, inputs already on the device"),
 }
@@ -325,7 +325,7 @@ class Loop:
             st = self.state
             seq, rows, penalties = st.column("seq_lens"), st.column("req_pool_indices"), st.column("penalties")
             return {
-                "seq_lens": seq, "req_pool_indices": rows, "out_cache_loc": rows * max_ctx + seq - 1,
+                "seq_lens": seq, "req_pool_indices": rows, "out_cache_loc": self.state_out_cache_loc(),
                 "temperatures": st.column("temperatures"), "top_ps": st.column("top_ps"),
                 "top_ks": st.column("top_ks"), "min_ps": st.column("min_ps"),
                 "frequency_penalties": penalties[:, 0], "presence_penalties": penalties[:, 1],
@@ -343,29 +343,39 @@ class Loop:
             "repetition_penalties": [p.repetition_penalty for p in params],
         }
 
+    def state_out_cache_loc(self):
+        """Each request's new KV slot (its row's slot at its last position): the one decode input
+        that is not a column of the batch state."""
+        return self.state.column("req_pool_indices") * self.cfg.max_ctx + self.state.column("seq_lens") - 1
+
     def write_inputs(self, bs):
         """Writes this step's values into the graph's static inputs, the backend's way. Returns a
         snapshot of them when recording (for the ideals), else None."""
-        values, inputs, copy = self.decode_values(), self.graphs.inputs, self.kind.copy
-        if copy == "static_inputs":
-            inputs.stage(values, bs)  # rows bs.. take each field's fill value in the same copy
-        elif copy == "packed_buffer":
-            self.packed.write(values, bs)
+        if self.kind.copy == "static_inputs":
+            # BatchState's own one-call staging: its columns and out_cache_loc, rows bs.. the fills.
+            self.state.stage_static(self.graphs.inputs, {"out_cache_loc": self.state_out_cache_loc()})
+        elif self.kind.copy == "packed_buffer":
+            self.packed.write(self.decode_values(), bs)
         else:
-            if self.filled > bs:
-                self.graphs.pad(bs, self.filled)
-            self.filled = bs
-            for name, v in values.items():
-                dst = inputs[name][:bs]
-                if copy == "stage_into":
-                    pinstage.stage_into(v, dst)
-                elif copy == "vllm_buffer":
-                    self.vllm[name].write(v)
-                elif copy == "pinned":
-                    dst.copy_(torch.tensor(v, dtype=dst.dtype, pin_memory=self.cuda), non_blocking=True)
-                else:  # blocking: from pageable memory, the host waits for the copy
-                    dst.copy_(torch.tensor(v, dtype=dst.dtype))
-        return Snapshot(inputs) if self.record is not None else None
+            self.write_per_field(self.decode_values(), bs)
+        return Snapshot(self.graphs.inputs) if self.record is not None else None
+
+    def write_per_field(self, values, bs):
+        """One host-to-device copy per field; the address fields of rows the batch no longer fills
+        get the padding row's address first."""
+        if self.filled > bs:
+            self.graphs.pad(bs, self.filled)
+        self.filled = bs
+        for name, v in values.items():
+            dst = self.graphs.inputs[name][:bs]
+            if self.kind.copy == "stage_into":
+                pinstage.stage_into(v, dst)
+            elif self.kind.copy == "vllm_buffer":
+                self.vllm[name].write(v)
+            elif self.kind.copy == "pinned":
+                dst.copy_(torch.tensor(v, dtype=dst.dtype, pin_memory=self.cuda), non_blocking=True)
+            else:  # blocking: from pageable memory, the host waits for the copy
+                dst.copy_(torch.tensor(v, dtype=dst.dtype))
 
     def decode(self, snapshot, bs):
         """The graph's replay on the static inputs (restored from `snapshot` by the ideals) and the
