@@ -23,7 +23,8 @@ class TinyDecoder:
 
         self.cfg, self.device, self.dtype = cfg, device, dt
         self.embed = w(cfg.vocab, d, scale=1.0)
-        self.layers = [dict(qkv=w(d, 3 * d), out=w(d, d), up=w(d, 4 * d), down=w(4 * d, d)) for _ in range(cfg.n_layers)]
+        self.layers = [dict(qkv=w(d, 3 * d), out=w(d, d), up=w(d, 4 * d), down=w(4 * d, d))
+                       for _ in range(cfg.n_layers)]
         self.lm_head = w(d, cfg.vocab)
         self.rows = 2 * cfg.batch_size + 8  # request rows; then the shared prefix's row and a padding row
         self.prefix_row, self.pad_row = self.rows, self.rows + 1

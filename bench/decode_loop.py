@@ -335,7 +335,8 @@ class Loop:
         rows = [r.request.req_pool_idx for r in self.running]
         seq = [r.seq_len for r in self.running]
         return {
-            "seq_lens": seq, "req_pool_indices": rows, "out_cache_loc": [w * max_ctx + s - 1 for w, s in zip(rows, seq)],
+            "seq_lens": seq, "req_pool_indices": rows,
+            "out_cache_loc": [w * max_ctx + s - 1 for w, s in zip(rows, seq)],
             "temperatures": [p.temperature for p in params], "top_ps": [p.top_p for p in params],
             "top_ks": [p.top_k for p in params], "min_ps": [p.min_p for p in params],
             "frequency_penalties": [p.frequency_penalty for p in params],
@@ -703,7 +704,8 @@ def main(argv=None):
         p.error("--backends: %s (available: %s; 'ideal' must be one)" % (
             "unknown " + ", ".join(unknown) if unknown else "no ideal", ", ".join(BACKENDS)))
     if args.quick:
-        sizes, forwards, steps, repeats = [s for s in sizes if s in (1, 64)] or sizes[:1], forwards[:1], min(steps, 40), 1
+        sizes = [s for s in sizes if s in (1, 64)] or sizes[:1]
+        forwards, steps, repeats = forwards[:1], min(steps, 40), 1
     cycles = sleep_cycles_per_us() if dev.type == "cuda" else 0.0
     meta = _report.machine_meta()
     print("Decode loop on %s (torch %s): %d timed steps per run, %d round(s) per backend" % (
