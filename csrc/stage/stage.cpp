@@ -1,6 +1,7 @@
 #include "stage/stage.h"
 
 #include <ATen/record_function.h>
+#include <c10/util/SmallVector.h>
 
 #include <cstring>
 #include <string>
@@ -67,7 +68,7 @@ std::vector<at::Tensor> stage_on_device(std::vector<ItemPlan>& plans, const Targ
   // Not skipped when the target is the current device: Python code run by a conversion (the
   // fallback, an element's __index__) may change the current device before the allocation.
   c10::cuda::CUDAGuard device_guard(target.device.index());
-  std::vector<size_t> offsets(plans.size());
+  c10::SmallVector<size_t, 16> offsets(plans.size());  // no heap allocation for a short call
   size_t total = 0;
   for (size_t i = 0; i < plans.size(); ++i) {
     // Each item's bytes fit int64 (checked_nbytes); their sum may not.
