@@ -5,8 +5,8 @@
     temps, top_ps = pinstage.stage_many([(t, torch.float32), (p, torch.float32)], stream)
     pinstage.stage_into(positions, graph_static_input)                    # before graph.replay()
     inputs.stage({"input_ids": ids, "positions": pos}, n)                 # a StaticInputs: one copy
-    with pinstage.fetch_to_host(next_tokens) as tokens:                   # device -> host, no wait
-        ...
+    with pinstage.fetch_to_host(next_tokens) as handle:                   # device -> host, no wait
+        tokens = handle.tolist()                                          # waits for this copy only
 
 Results equal torch.tensor(data, dtype=dtype) on the target device. The values are converted
 straight into pinned ring memory and moved with one asynchronous copy on the caller's stream; a ring
@@ -65,7 +65,7 @@ from ._api import (
     stats,
 )
 
-_C._set_fallback(_fallback.host_tensor)
+_C._set_fallback(_fallback.torch_tensor)
 _fallback.register_buffer_types()
 
 __all__ = [

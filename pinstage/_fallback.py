@@ -1,8 +1,10 @@
 """torch.tensor's own conversion, for whatever the compiled fast path declines.
 
-The fast path converts Python ints, floats and bools (flat or nested lists, tuples, range). Anything
-else (numpy arrays and scalars, buffer objects, values torch would wrap or reject, ragged lists)
-comes here, so results and errors are torch.tensor's by construction. Errors keep torch's exception
+The compiled core converts Python ints, floats and bools (flat or nested lists, tuples, range),
+buffers (numpy arrays and scalars, array.array, memoryview, bytearray) and CPU tensors itself.
+Whatever it declines (values torch would wrap, round differently or reject, ragged lists, buffers of
+a byte order or layout it does not read, any other object) comes here, so results and errors are
+torch.tensor's by construction. Errors keep torch's exception
 type; the message gains the index, value and dtype of the first element torch refuses.
 """
 import torch
@@ -29,7 +31,7 @@ def register_buffer_types():
     _C._register_buffer_types(numpy.ndarray, numpy.generic, array.array)
 
 
-def host_tensor(data, dtype):
+def torch_tensor(data, dtype):
     """torch.tensor(data, dtype=dtype) on the CPU, with errors that name the offending element."""
     if isinstance(data, torch.Tensor) and not issubclass(type(data), torch.Tensor):
         # torch.tensor would read it as a tensor because its __class__ says so.

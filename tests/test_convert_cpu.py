@@ -619,7 +619,7 @@ def test_stage_into_cpu(dtype):
     data = natural_values(dtype, 50, rng)
     out = torch.empty(50, dtype=dtype)
     got = pinstage.stage_into(data, out)
-    assert got is out or got.data_ptr() == out.data_ptr()
+    assert got is out, "stage_into returns the tensor it filled"
     assert_same_tensor(out, torch.tensor(data, dtype=dtype), "stage_into")
     data2 = [natural_values(dtype, 4, rng) for _ in range(3)]
     out2 = torch.empty(3, 4, dtype=dtype)

@@ -95,6 +95,25 @@ def test_stage_many_earlier_item_mutated_by_a_later_item(device, source):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_stage_many_items_list_mutated_by_an_item(device):
+    """stage_many reads a list of items in place (no copy): an item whose conversion empties the list
+    is a ValueError naming it, never a read of freed pairs; a later pair replaced meanwhile is read
+    when its turn comes, as torch.tensor applied item by item would read it."""
+    child(
+        """
+        items = []
+        items += [([Hook(lambda: items.clear())], torch.int64)] + [([i] * 64, torch.int64) for i in range(50)]
+        expect(lambda: pinstage.stage_many(items, device=DEVICE), ValueError, "items changed length", "item 0")
+        items = [([Hook(lambda: items.__setitem__(1, ([7, 8], torch.int32)))], torch.int64), ([1], torch.int64)]
+        got = pinstage.stage_many(items, device=DEVICE)
+        assert got[0].cpu().tolist() == [5] and got[1].cpu().tolist() == [7, 8], got
+        assert got[1].dtype == torch.int32
+        """,
+        device,
+    )
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("source", ["tensor", "numpy"])
 def test_stage_many_later_item_resized_while_an_earlier_item_is_written(device, source):
     """Item 0 is planned by the fast path and falls back to torch.tensor only when written; its
@@ -325,7 +344,8 @@ def test_fallback_builds_on_the_cpu_whatever_the_default_device(device, default,
 @pytest.mark.parametrize("device", DEVICES)
 def test_fallbacks_are_counted_when_planned_and_when_written(device):
     """stats()["fallbacks"] counts each item torch.tensor converted, whether the fast paths declined
-    it when it was planned ([np.int64]) or only when it was written ([1, np.int64])."""
+    it when it was planned ([np.int64]) or only when it was written ([1, np.int64]), for every entry
+    point."""
     import numpy as np
 
     before = pinstage.stats(device=device)["fallbacks"]
@@ -333,7 +353,11 @@ def test_fallbacks_are_counted_when_planned_and_when_written(device):
                         device=device)
     pinstage.stage_to_device([np.int64(1)], torch.int64, device=device)
     pinstage.stage_to_device([1, np.int64(2)], torch.int64, device=device)
-    assert pinstage.stats(device=device)["fallbacks"] - before == 4
+    out = torch.zeros(2, dtype=torch.int64, device=device)
+    pinstage.stage_into([np.int64(1), np.int64(2)], out)
+    pinstage.stage_into([1, np.int64(2)], out)
+    assert pinstage.stats(device=device)["fallbacks"] - before == 6
+    assert out.tolist() == [1, 2]
 
 
 class _IterSeven(list):

@@ -32,24 +32,7 @@ inline bool is_supported_dtype(c10::ScalarType t) {
 }
 
 // The name Python users know a dtype by ("torch.int32", not c10's "Int"), for error messages.
-inline std::string dtype_name(c10::ScalarType t) {
-  switch (t) {
-    case c10::ScalarType::Bool: return "torch.bool";
-    case c10::ScalarType::Byte: return "torch.uint8";
-    case c10::ScalarType::Char: return "torch.int8";
-    case c10::ScalarType::Short: return "torch.int16";
-    case c10::ScalarType::Int: return "torch.int32";
-    case c10::ScalarType::Long: return "torch.int64";
-    case c10::ScalarType::UInt16: return "torch.uint16";
-    case c10::ScalarType::UInt32: return "torch.uint32";
-    case c10::ScalarType::UInt64: return "torch.uint64";
-    case c10::ScalarType::Half: return "torch.float16";
-    case c10::ScalarType::BFloat16: return "torch.bfloat16";
-    case c10::ScalarType::Float: return "torch.float32";
-    case c10::ScalarType::Double: return "torch.float64";
-    default: return "torch." + std::string(c10::getDtypeNames(t).first);
-  }
-}
+inline std::string dtype_name(c10::ScalarType t) { return "torch." + std::string(c10::getDtypeNames(t).first); }
 
 // Calls fn(T{}) with T the C++ element type of `t`; `t` must be supported.
 template <class Fn>

@@ -1,5 +1,6 @@
 #include "convert/item_plan.h"
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -11,7 +12,7 @@
 #include "convert/convert.h"
 #include "convert/dtypes.h"
 #include "convert/tensor_memory.h"
-#include "python/py_objects.h"
+#include "util/py_objects.h"
 
 namespace pinstage {
 namespace {
@@ -32,7 +33,7 @@ PyObject* dtype_object(c10::ScalarType t) {
 at::Tensor call_fallback(PyObject* data, c10::ScalarType dtype) {
   TORCH_CHECK(g_fallback != nullptr, "pinstage: the fallback converter is not registered (import pinstage, not pinstage._C)");
   PyObject* result = checked(PyObject_CallFunctionObjArgs(g_fallback, data, dtype_object(dtype), nullptr));
-  const PyRef owned(result);
+  THPObjectPtr owned(result);
   TORCH_CHECK(is_tensor(result), "pinstage: the fallback converter returned a non-tensor");
   const at::Tensor& t = unpack_tensor(result);
   // torch.tensor dispatches, so under a dispatch mode (FakeTensorMode) or for a tensor subclass its
@@ -60,7 +61,7 @@ void write_fallback(ItemPlan& plan, void* dst) {
   at::Tensor host = call_fallback(plan.data, plan.dtype);
   if (host.sizes() != c10::IntArrayRef(plan.shape)) data_changed(plan, host.sizes());
   plan.tensor = std::move(host);
-  plan.source = ItemPlan::Source::kHost;
+  plan.source = ItemPlan::Source::kHeld;
   plan.via_fallback = true;
   if (plan.nbytes > 0) std::memcpy(dst, plan.tensor.data_ptr(), plan.nbytes);
 }
@@ -106,15 +107,10 @@ bool tensor_is_copyable(const at::Tensor& t) {
 }  // namespace
 
 size_t checked_nbytes(c10::IntArrayRef shape, c10::ScalarType dtype, int64_t* numel) {
-  int64_t n = 1;
-  int64_t bytes = 0;
-  bool overflow = false;
-  for (int64_t s : shape) overflow |= __builtin_mul_overflow(n, s, &n);
-  overflow |= __builtin_mul_overflow(n, static_cast<int64_t>(c10::elementSize(dtype)), &bytes);
-  TORCH_CHECK(!overflow, "pinstage: storage size calculation overflowed: shape ", shape, " of ", dtype_name(dtype),
-              " is more than 2**63 - 1 bytes");
-  *numel = n;
-  return static_cast<size_t>(bytes);
+  const size_t item = c10::elementSize(dtype);
+  const size_t bytes = at::detail::computeStorageNbytesContiguous(shape, item);
+  *numel = static_cast<int64_t>(bytes / item);  // exact; a product of the sizes could overflow before a 0
+  return bytes;
 }
 
 c10::ScalarType parse_dtype(PyObject* dtype, const char* what) {
@@ -160,7 +156,7 @@ ItemPlan plan_source(PyObject* data, c10::ScalarType dtype) {
 void convert_by_fallback(ItemPlan& plan) {
   if (plan.source != ItemPlan::Source::kFallback) return;
   plan.tensor = call_fallback(plan.data, plan.dtype);
-  plan.source = ItemPlan::Source::kHost;
+  plan.source = ItemPlan::Source::kHeld;
   plan.via_fallback = true;
   plan.shape.assign(plan.tensor.sizes().begin(), plan.tensor.sizes().end());
   plan.nbytes = checked_nbytes(plan.shape, plan.dtype, &plan.numel);
@@ -185,7 +181,7 @@ bool write_item(ItemPlan& plan, void* dst) {
     case Source::kTensor:
       write_tensor(plan, dst);
       return false;
-    case Source::kHost:
+    case Source::kHeld:
       if (plan.nbytes > 0) std::memcpy(dst, plan.tensor.data_ptr(), plan.nbytes);
       return false;
     case Source::kFallback:
@@ -195,21 +191,21 @@ bool write_item(ItemPlan& plan, void* dst) {
   return true;
 }
 
-at::Tensor host_tensor(ItemPlan& plan) {
-  if (plan.source == ItemPlan::Source::kHost) return plan.tensor;
+at::Tensor cpu_values(ItemPlan& plan) {
+  if (plan.source == ItemPlan::Source::kHeld) return plan.tensor;
   at::Tensor out;
   {
     NoPythonDispatch no_python(kPythonDispatch);
     out = at::empty(plan.shape, at::TensorOptions().dtype(plan.dtype));
   }
   write_item(plan, out.data_ptr());
-  return plan.source == ItemPlan::Source::kHost ? plan.tensor : out;
+  return plan.source == ItemPlan::Source::kHeld ? plan.tensor : out;
 }
 
 void hold_values(ItemPlan& plan) {
-  if (plan.source == ItemPlan::Source::kHost) return;
-  plan.tensor = host_tensor(plan);
-  plan.source = ItemPlan::Source::kHost;
+  if (plan.source == ItemPlan::Source::kHeld) return;
+  plan.tensor = cpu_values(plan);
+  plan.source = ItemPlan::Source::kHeld;
   plan.buffer = BufferSource();
 }
 

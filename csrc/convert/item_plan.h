@@ -18,7 +18,7 @@ struct ItemPlan {
     kPython,    // Python scalars, lists, tuples, range: the fast converter
     kBuffer,    // numpy array or scalar, array.array, memoryview, bytearray: `buffer`
     kTensor,    // a CPU tensor with real memory: `tensor`, copied (and cast) by torch's copy kernel
-    kHost,      // `tensor` holds the final values, made by the torch.tensor fallback
+    kHeld,      // `tensor` holds the final values, converted ahead (the fallback, or hold_values)
     kFallback,  // torch.tensor must convert it; not done yet (convert_by_fallback)
   };
   PyObject* data = nullptr;  // borrowed from the caller's arguments
@@ -32,8 +32,8 @@ struct ItemPlan {
   BufferSource buffer;
 };
 
-// numel(shape) and its byte count as `dtype`; RuntimeError when either exceeds int64, as torch's
-// own storage size check does.
+// numel(shape) and its byte count as `dtype`, by torch's own storage size arithmetic: RuntimeError
+// when the bytes exceed what a storage can hold.
 size_t checked_nbytes(c10::IntArrayRef shape, c10::ScalarType dtype, int64_t* numel);
 
 // Parses a torch.dtype argument; TypeError for anything else or for an unsupported dtype.
@@ -58,9 +58,9 @@ ItemPlan plan_item(PyObject* data, c10::ScalarType dtype);
 bool write_item(ItemPlan& plan, void* dst);
 
 // The plan's values as a fresh CPU tensor (for results on the CPU).
-at::Tensor host_tensor(ItemPlan& plan);
+at::Tensor cpu_values(ItemPlan& plan);
 
-// Converts the plan's values now into a CPU tensor it holds (Source::kHost): afterwards nothing
+// Converts the plan's values now into a CPU tensor it holds (Source::kHeld): afterwards nothing
 // Python code does to the data changes or frees what the plan writes.
 void hold_values(ItemPlan& plan);
 

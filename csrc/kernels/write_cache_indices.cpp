@@ -22,7 +22,7 @@
 #endif
 
 #include "convert/dtypes.h"
-#include "kernels/cache_index_checks.h"
+#include "engine/cache_index_checks.h"
 #include "kernels/write_cache_indices.h"
 
 namespace pinstage {
@@ -145,22 +145,23 @@ void write_cache_indices_cuda(const at::Tensor& req_to_token, const at::Tensor& 
     if (c.device != nullptr && c.device->is_cpu()) c.host = c.device->const_data_ptr();
     if (c.host != nullptr) total += slot;
   }
-  StagingRing& ring = ring_for(req_to_token.device().index(), Direction::kToDevice);
-  LeaseGuard lease(ring, total);
   const at::Tensor staged =
       at::empty({static_cast<int64_t>(total)}, at::TensorOptions().dtype(at::kByte).device(req_to_token.device()));
-  size_t offset = 0;
-  for (Column& c : columns) {
-    if (c.host == nullptr) {
-      *c.param = c.device->const_data_ptr<int64_t>();
-      continue;
+  auto write = [&](uint8_t* region) -> size_t {
+    size_t offset = 0;
+    for (Column& c : columns) {
+      if (c.host == nullptr) {
+        *c.param = c.device->const_data_ptr<int64_t>();
+        continue;
+      }
+      std::memcpy(region + offset, c.host, column_bytes);
+      *c.param = reinterpret_cast<const int64_t*>(staged.const_data_ptr<uint8_t>() + offset);
+      offset += slot;
     }
-    std::memcpy(lease.data() + offset, c.host, column_bytes);
-    *c.param = reinterpret_cast<const int64_t*>(staged.const_data_ptr<uint8_t>() + offset);
-    offset += slot;
-  }
-  lease.copy_and_commit(staged.mutable_data_ptr(), total, stream.stream());
-  ring.counters().record(total, 1, 0);
+    return 0;
+  };
+  copy_through_ring(req_to_token.device().index(), total, stream.stream(), write,
+                    [&]() -> void* { return staged.mutable_data_ptr(); });
   p.prefix_pointers = reinterpret_cast<const uint64_t*>(pointers_param);
   launch_write_cache_indices(p, stream.stream());
 }

@@ -7,8 +7,8 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/utils/pybind.h>
 
-#include "python/py_objects.h"
 #include "ring/options.h"
+#include "util/py_objects.h"
 
 namespace pinstage {
 

@@ -9,16 +9,16 @@
 
 #include "convert/buffer_source.h"
 #include "convert/item_plan.h"
-#include "kernels/cache_index_plan.h"
-#include "kernels/logprob_indices.h"
+#include "engine/cache_index_plan.h"
+#include "engine/logprob_indices.h"
 #include "python/errors.h"
-#include "python/py_objects.h"
 #include "ring/options.h"
 #include "ring/registry.h"
 #include "stage/fetch.h"
 #include "stage/stage.h"
 #include "stage/static_inputs.h"
 #include "stage/target.h"
+#include "util/py_objects.h"
 
 namespace py = pybind11;
 
@@ -225,15 +225,15 @@ PYBIND11_MODULE(_C, m) {
     return translate_errors([&] { return resolve_target(stream.ptr(), device.ptr()).device; });
   });
 
-  py::class_<FetchHandle, std::shared_ptr<FetchHandle>>(m, "FetchHandle")
-      .def("ready", [](FetchHandle& h) { return translate_errors([&] { return h.ready(); }); })
-      .def("wait", [](FetchHandle& h) {
+  py::class_<PendingFetch, std::shared_ptr<PendingFetch>>(m, "PendingFetch")
+      .def("ready", [](PendingFetch& h) { return translate_errors([&] { return h.ready(); }); })
+      .def("wait", [](PendingFetch& h) {
         translate_errors([&] {
           py::gil_scoped_release no_gil;
           h.wait();
         });
       })
-      .def("tensors", [](FetchHandle& h) {
+      .def("tensors", [](PendingFetch& h) {
         return translate_errors([&] {
           if (!h.ready()) {
             py::gil_scoped_release no_gil;
@@ -242,11 +242,11 @@ PYBIND11_MODULE(_C, m) {
           return h.tensors();
         });
       })
-      .def("release", &FetchHandle::release)
-      .def_property_readonly("released", &FetchHandle::released)
-      .def("__len__", &FetchHandle::count);
+      .def("release", &PendingFetch::release)
+      .def_property_readonly("released", &PendingFetch::released)
+      .def("__len__", &PendingFetch::count);
   m.def("fetch", [](py::handle tensors, py::handle stream) {
-    return translate_errors([&] { return FetchHandle::start(tensors_arg(tensors, "fetch_many"), stream.ptr(), "fetch"); });
+    return translate_errors([&] { return PendingFetch::start(tensors_arg(tensors, "fetch_many"), stream.ptr(), "fetch"); });
   });
 
   py::class_<StaticInputs>(m, "StaticInputs")

@@ -18,7 +18,7 @@ class EventPool {
   explicit EventPool(c10::DeviceIndex device) : device_(device) {}
   EventPool(const EventPool&) = delete;
   EventPool& operator=(const EventPool&) = delete;
-  // Events are never destroyed: a pool lives as long as the process (see staging_registry.cpp).
+  // Events are never destroyed: a pool lives as long as the process (see registry.cpp).
 
   cudaEvent_t acquire() {
     if (!free_.empty()) {

@@ -16,7 +16,7 @@ struct RingFullError : c10::Error {
 enum class OnFull {
   kOverflow,  // serve from an overflow pinned block (never waits): the default
   kWait,      // wait for the oldest in-flight copy to complete
-  kError,     // raise RuntimeError
+  kError,     // raise RingFullError (pinstage.RingFullError, a RuntimeError, in Python)
 };
 
 constexpr size_t kDefaultRingBytes = size_t{8} << 20;

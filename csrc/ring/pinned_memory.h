@@ -4,11 +4,11 @@
 
 #include <c10/core/Device.h>
 #include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGraphsC10Utils.h>
-#include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+
+#include "ring/cuda_scope.h"
 
 namespace pinstage {
 
@@ -16,10 +16,7 @@ namespace pinstage {
 // device is current later). torch.OutOfMemoryError when the host cannot pin that much; the failed
 // call's error is cleared so that it does not surface in an unrelated later CUDA check.
 inline uint8_t* allocate_pinned(size_t bytes, c10::DeviceIndex device) {
-  c10::cuda::CUDAGuard guard(device);
-  // Relaxed capture mode: a graph captured meanwhile by another thread in "global" mode neither
-  // refuses nor is invalidated by this call (PyTorch's caching allocators do the same).
-  c10::cuda::CUDAStreamCaptureModeGuard capture_mode(cudaStreamCaptureModeRelaxed);
+  const RingCudaScope scope(device);
   void* p = nullptr;
   const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
   if (err != cudaSuccess) {
@@ -45,7 +42,8 @@ inline void copy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
 
 // cudaFreeHost may synchronise the device: only configure() and empty_cache() call this, never a
 // staging call.
-inline void free_pinned(uint8_t* p) {
+inline void free_pinned(uint8_t* p, c10::DeviceIndex device) {
+  const RingCudaScope scope(device);
   if (p != nullptr) C10_CUDA_CHECK(cudaFreeHost(p));
 }
 

@@ -12,7 +12,7 @@
 
 #include <optional>
 
-#include "python/py_objects.h"
+#include "util/py_objects.h"
 #endif
 
 namespace pinstage {

@@ -3,12 +3,11 @@
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
-#include <c10/cuda/CUDAGraphsC10Utils.h>
-#include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 
+#include "ring/cuda_scope.h"
 #include "ring/pinned_memory.h"
 
 namespace pinstage {
@@ -34,12 +33,7 @@ StagingRing::StagingRing(c10::DeviceIndex device, size_t capacity, OnFull on_ful
 }
 
 void StagingRing::release_completed_locked() {
-  // Fences are recorded and queried on this ring's device, whichever device the caller has current
-  // (stats() and configure() arrive without a guard); relaxed capture mode, so that a graph
-  // captured meanwhile in "global" mode by another thread neither refuses these non-blocking calls
-  // nor is invalidated by them, as PyTorch's caching allocators also arrange.
-  c10::cuda::CUDAGuard device_guard(device_);
-  c10::cuda::CUDAStreamCaptureModeGuard capture_mode(cudaStreamCaptureModeRelaxed);
+  const RingCudaScope scope(device_);
   auto is_done = [this](StreamFence* f) { return fences_.done(f); };
   auto recycle = [this](StreamFence* f) { fences_.release(f); };
   slab_->ring.release_completed(is_done, recycle);
@@ -52,8 +46,7 @@ void StagingRing::free_unused() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     release_completed_locked();
-    c10::cuda::CUDAGuard device_guard(device_);
-    c10::cuda::CUDAStreamCaptureModeGuard capture_mode(cudaStreamCaptureModeRelaxed);
+    const RingCudaScope scope(device_);
     overflow_.release_completed(fences_);
     for (const OverflowPool::Block& b : overflow_.take_spare(0)) unused.push_back(b.data);
     for (size_t i = 0; i < retired_.size();) {
@@ -65,8 +58,7 @@ void StagingRing::free_unused() {
       }
     }
   }
-  c10::cuda::CUDAGuard device_guard(device_);
-  for (uint8_t* p : unused) free_pinned(p);
+  for (uint8_t* p : unused) free_pinned(p, device_);
 }
 
 void StagingRing::allocate_slab() {
@@ -83,8 +75,7 @@ void StagingRing::allocate_slab() {
 }
 
 HostLease StagingRing::overflow_lease(std::unique_lock<std::mutex>& lock, size_t bytes) {
-  c10::cuda::CUDAGuard device_guard(device_);
-  c10::cuda::CUDAStreamCaptureModeGuard capture_mode(cudaStreamCaptureModeRelaxed);
+  const RingCudaScope scope(device_);
   HostLease lease;
   if (auto block = overflow_.take_free(bytes, fences_)) {
     lease.block = *block;
@@ -135,8 +126,7 @@ StagingRing::Acquired StagingRing::try_acquire(size_t bytes) {
   // its copy; otherwise (and for on_full="overflow") an overflow block serves it.
   if (mode == OnFull::kWait && bytes <= capacity_) {
     if (StreamFence* const* oldest = slab.ring.waitable_oldest_fence()) {
-      c10::cuda::CUDAGuard device_guard(device_);
-      c10::cuda::CUDAStreamCaptureModeGuard capture_mode(cudaStreamCaptureModeRelaxed);
+      const RingCudaScope scope(device_);
       if (cudaEvent_t event = fences_.event_to_wait_on(*oldest)) {
         ++waits_;
         return Acquired{std::nullopt, event};
@@ -146,19 +136,16 @@ StagingRing::Acquired StagingRing::try_acquire(size_t bytes) {
   return Acquired{overflow_lease(lock, bytes)};
 }
 
-void StagingRing::wait_for(cudaEvent_t event) {
+void StagingRing::wait_for(cudaEvent_t event, const char* why) {
   // This is the one blocking call in pinstage; honour torch's sync debug mode like torch's own.
   const auto mode = c10::cuda::warning_state().get_sync_debug_mode();
-  TORCH_CHECK(mode != c10::cuda::SyncDebugMode::L_ERROR,
-              "pinstage: on_full=\"wait\" must wait for an in-flight copy (the staging ring is full), "
-              "and synchronisation is an error here (torch.cuda.set_sync_debug_mode / pinstage.testing.no_sync)");
-  if (mode == c10::cuda::SyncDebugMode::L_WARN) {
-    TORCH_WARN("pinstage: on_full=\"wait\" is waiting for an in-flight copy (the staging ring is full)");
-  }
+  TORCH_CHECK(mode != c10::cuda::SyncDebugMode::L_ERROR, why, ", and synchronisation is an error here "
+              "(torch.cuda.set_sync_debug_mode / pinstage.testing.no_sync)");
+  if (mode == c10::cuda::SyncDebugMode::L_WARN) TORCH_WARN(why, " (torch.cuda.set_sync_debug_mode)");
   // The event may be recycled by another thread once released, but only after it completed, and
   // a recorded-then-completed event stays completed until it is recorded again behind new work;
   // waiting on it then still terminates. No lock is held while waiting.
-  c10::cuda::CUDAGuard device_guard(device_);
+  const RingCudaScope scope(device_);
   C10_CUDA_CHECK(cudaEventSynchronize(event));
 }
 
@@ -177,7 +164,7 @@ StreamFence* StagingRing::commit(HostLease& lease, cudaStream_t stream, bool hel
   if (!held) lease = HostLease{};
   if (fences_.due(f)) {
     try {
-      c10::cuda::CUDAGuard device_guard(device_);
+      const RingCudaScope scope(device_);
       fences_.record(f);
     } catch (...) {
       // Nobody will hold a lease whose commit failed; the open fence is recorded at the next check.
@@ -203,15 +190,13 @@ void StagingRing::unhold(const HostLease& committed) noexcept {
 
 bool StagingRing::fence_done(StreamFence* fence) {
   std::lock_guard<std::mutex> lock(mu_);
-  c10::cuda::CUDAGuard device_guard(device_);
-  c10::cuda::CUDAStreamCaptureModeGuard capture_mode(cudaStreamCaptureModeRelaxed);
+  const RingCudaScope scope(device_);
   return fences_.done(fence);
 }
 
 cudaEvent_t StagingRing::fence_event(StreamFence* fence) {
   std::lock_guard<std::mutex> lock(mu_);
-  c10::cuda::CUDAGuard device_guard(device_);
-  c10::cuda::CUDAStreamCaptureModeGuard capture_mode(cudaStreamCaptureModeRelaxed);
+  const RingCudaScope scope(device_);
   return fences_.event_to_wait_on(fence);
 }
 
@@ -248,8 +233,7 @@ StagingRing::Snapshot StagingRing::snapshot() {
   std::lock_guard<std::mutex> lock(mu_);
   release_completed_locked();
   {
-    c10::cuda::CUDAGuard device_guard(device_);
-    c10::cuda::CUDAStreamCaptureModeGuard capture_mode(cudaStreamCaptureModeRelaxed);
+    const RingCudaScope scope(device_);
     overflow_.release_completed(fences_);
   }
   const auto& ring = slab_->ring;

@@ -62,8 +62,9 @@ class StagingRing {
   // kError and there is no room.
   Acquired try_acquire(size_t bytes);
 
-  // Blocks until `event` (from try_acquire) has completed. No lock is held meanwhile.
-  void wait_for(cudaEvent_t event);
+  // Blocks until `event` (from try_acquire or fence_event) has completed; no lock is held meanwhile.
+  // `why` opens the error raised under torch's sync debug mode "error" (the warning under "warn").
+  void wait_for(cudaEvent_t event, const char* why);
 
   // The copy that uses `lease` is enqueued on `stream`; its fence is recorded behind it. A `held`
   // lease is also kept until unhold(); its fence is recorded at once and stays valid until then.

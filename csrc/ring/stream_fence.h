@@ -39,7 +39,8 @@ struct StreamFence {
   uint32_t holders = 0;         // regions (ring or overflow) not yet released
 };
 
-// Owns the fences of one device; the StagingRing that holds it serialises access.
+// Owns the fences of one device; the StagingRing that holds it serialises access and makes every
+// call that reaches CUDA inside a RingCudaScope (ring/cuda_scope.h).
 class StreamFences {
  public:
   static constexpr uint32_t kRegionsPerFence = 32;
@@ -78,8 +79,6 @@ class StreamFences {
   }
 
   void record(StreamFence* f) {
-    // Relaxed: another thread may be capturing a graph in "global" mode (see staging_ring.cpp).
-    c10::cuda::CUDAStreamCaptureModeGuard capture_mode(cudaStreamCaptureModeRelaxed);
     cudaEvent_t e = events_.acquire();
     const cudaError_t err = cudaEventRecord(e, f->stream);
     if (err != cudaSuccess) events_.release(e);  // the fence stays open: the next check records it

@@ -7,7 +7,7 @@
 #include <string>
 #include <typeinfo>
 
-#include "python/py_objects.h"
+#include "util/py_objects.h"
 
 namespace pinstage {
 
@@ -22,7 +22,7 @@ auto with_error_prefix(Prefix&& prefix, Fn&& fn) -> decltype(fn()) {
     PyErr_Fetch(&type, &value, &traceback);
     if (type == nullptr) throw;
     PyErr_NormalizeException(&type, &value, &traceback);
-    PyRef text(value != nullptr ? PyObject_Str(value) : nullptr);
+    THPObjectPtr text(value != nullptr ? PyObject_Str(value) : nullptr);
     const char* message = text.get() != nullptr ? PyUnicode_AsUTF8(text.get()) : nullptr;
     if (message == nullptr) PyErr_Clear();
     const std::string where = prefix();

@@ -20,7 +20,7 @@
 
 namespace pinstage {
 
-struct FetchHandle::Region {
+struct PendingFetch::Region {
 #ifdef PINSTAGE_WITH_CUDA
   StagingRing* ring = nullptr;
   HostLease lease;
@@ -51,9 +51,9 @@ void check_fetchable(const at::Tensor& t, size_t i, const char* api) {
 
 }  // namespace
 
-std::shared_ptr<FetchHandle> FetchHandle::start(const std::vector<at::Tensor>& tensors, PyObject* stream,
+std::shared_ptr<PendingFetch> PendingFetch::start(const std::vector<at::Tensor>& tensors, PyObject* stream,
                                                 const char* api) {
-  auto handle = std::make_shared<FetchHandle>();
+  auto handle = std::make_shared<PendingFetch>();
   TORCH_CHECK_VALUE(!tensors.empty(), "pinstage.", api, ": nothing to fetch");
   const c10::Device device = tensors[0].device();
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -93,18 +93,11 @@ std::shared_ptr<FetchHandle> FetchHandle::start(const std::vector<at::Tensor>& t
   StagingRing& ring = ring_for(device.index(), Direction::kToHost);
   LeaseGuard lease(ring, std::max<size_t>(total, 1));
   size_t copies = 0;
-  try {
-    for (size_t i = 0; i < sources.size(); ++i) {
-      if (sources[i].nbytes() == 0) continue;
-      copy_async(lease.data() + handle->offsets_[i], sources[i].const_data_ptr(), sources[i].nbytes(),
-                 cudaMemcpyDeviceToHost, s.stream());
-      ++copies;
-    }
-  } catch (...) {
-    // A copy is enqueued: the region may only be given back behind its fence (no copy: the guard
-    // abandons it).
-    if (copies > 0) lease.commit(s.stream());
-    throw;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    if (sources[i].nbytes() == 0) continue;
+    lease.copy(lease.data() + handle->offsets_[i], sources[i].const_data_ptr(), sources[i].nbytes(),
+               cudaMemcpyDeviceToHost, s.stream());
+    ++copies;
   }
   auto region = std::make_shared<Region>();
   std::tie(region->lease, region->fence) = lease.commit(s.stream(), /*held=*/true);
@@ -117,9 +110,9 @@ std::shared_ptr<FetchHandle> FetchHandle::start(const std::vector<at::Tensor>& t
 #endif
 }
 
-FetchHandle::~FetchHandle() { release(); }
+PendingFetch::~PendingFetch() { release(); }
 
-void FetchHandle::release() {
+void PendingFetch::release() {
   std::shared_ptr<Region> dropped;  // let go outside the handle's lock
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -129,18 +122,18 @@ void FetchHandle::release() {
   host_.clear();
 }
 
-bool FetchHandle::released() const {
+bool PendingFetch::released() const {
   std::lock_guard<std::mutex> lock(mu_);
   return released_;
 }
 
-std::shared_ptr<FetchHandle::Region> FetchHandle::held_region() const {
+std::shared_ptr<PendingFetch::Region> PendingFetch::held_region() const {
   std::lock_guard<std::mutex> lock(mu_);
   TORCH_CHECK(!released_, "pinstage.FetchHandle: the handle was released; its memory may hold other values now");
   return region_;
 }
 
-bool FetchHandle::ready() {
+bool PendingFetch::ready() {
   const std::shared_ptr<Region> region = held_region();
 #ifdef PINSTAGE_WITH_CUDA
   if (region != nullptr) return region->ring->fence_done(region->fence);
@@ -148,23 +141,18 @@ bool FetchHandle::ready() {
   return true;
 }
 
-void FetchHandle::wait() {
+void PendingFetch::wait() {
   // What the wait reads is taken under the handle's lock and kept alive by this reference: a
   // release() from another thread meanwhile cannot pull the region from under it.
   const std::shared_ptr<Region> region = held_region();
 #ifdef PINSTAGE_WITH_CUDA
   if (region == nullptr || region->ring->fence_done(region->fence)) return;
-  const auto mode = c10::cuda::warning_state().get_sync_debug_mode();
-  TORCH_CHECK(mode != c10::cuda::SyncDebugMode::L_ERROR,
-              "pinstage.FetchHandle.wait: waiting for a copy is a synchronisation, and synchronisation is an error "
-              "here (torch.cuda.set_sync_debug_mode / pinstage.testing.no_sync); check ready() instead");
-  if (mode == c10::cuda::SyncDebugMode::L_WARN) TORCH_WARN("pinstage.FetchHandle.wait: waiting for a copy");
-  const cudaEvent_t event = region->ring->fence_event(region->fence);
-  C10_CUDA_CHECK(cudaEventSynchronize(event));
+  region->ring->wait_for(region->ring->fence_event(region->fence),
+                         "pinstage.FetchHandle.wait must wait for the fetch's copy (ready() says when it need not)");
 #endif
 }
 
-std::vector<at::Tensor> FetchHandle::tensors() {
+std::vector<at::Tensor> PendingFetch::tensors() {
   const std::shared_ptr<Region> region = held_region();
   if (region == nullptr) return host_;
   wait();

@@ -1,6 +1,7 @@
-// LeaseGuard: ring memory for one call's copies, handed back on every path. Until commit() it is
-// abandoned by the destructor (an exception between reserve and copy: bad input, out of device
-// memory); from commit() on it belongs to the ring, sealed even when commit throws.
+// LeaseGuard: ring memory for one call's copies, handed back on every path, in both directions.
+// Until a copy that reads or writes it is enqueued, the destructor abandons it (an exception between
+// reserve and copy: bad input, out of device memory); from the first enqueued copy on it belongs
+// to the ring, sealed behind that copy's stream even when the call fails later.
 #pragma once
 #ifdef PINSTAGE_WITH_CUDA
 
@@ -10,9 +11,10 @@
 #include <optional>
 #include <utility>
 
-#include "python/py_objects.h"
 #include "ring/pinned_memory.h"
+#include "ring/registry.h"
 #include "ring/staging_ring.h"
+#include "util/py_objects.h"
 
 namespace pinstage {
 
@@ -29,16 +31,33 @@ class LeaseGuard {
       }
       std::optional<GilReleased> no_gil;
       if (PyGILState_Check()) no_gil.emplace();
-      ring.wait_for(got.wait_on);
+      ring.wait_for(got.wait_on, "pinstage: on_full=\"wait\" must wait for an in-flight copy (the ring is full)");
     }
   }
   ~LeaseGuard() {
-    if (lease_.data != nullptr) ring_.abandon(lease_);
+    if (lease_.data == nullptr) return;
+    if (!enqueued_on_) {
+      ring_.abandon(lease_);
+      return;
+    }
+    // A copy uses the region: it may only be reused behind that copy. commit() seals it before
+    // anything that can fail, so an error recording the fence loses nothing but the fence.
+    try {
+      ring_.commit(lease_, *enqueued_on_);
+    } catch (...) {
+    }
   }
   LeaseGuard(const LeaseGuard&) = delete;
   LeaseGuard& operator=(const LeaseGuard&) = delete;
 
   uint8_t* data() const { return lease_.data; }
+
+  // cudaMemcpyAsync between the lease and device memory on `stream`; the lease is then the
+  // ring's whatever happens (see the destructor). Every copy of one lease uses one stream.
+  void copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+    copy_async(dst, src, bytes, kind, stream);
+    enqueued_on_ = stream;
+  }
 
   // The copies that use the lease are enqueued on `stream`: the ring owns it from now on (held:
   // until StagingRing::unhold). Returns the committed lease and its fence.
@@ -50,16 +69,34 @@ class LeaseGuard {
     return {committed, fence};
   }
 
-  // One host-to-device copy of the lease's first `bytes` into `dst` on `stream`, then commit.
-  void copy_and_commit(void* dst, size_t bytes, cudaStream_t stream) {
-    copy_async(dst, lease_.data, bytes, cudaMemcpyHostToDevice, stream);
-    commit(stream);
-  }
-
  private:
   StagingRing& ring_;
   HostLease lease_;
+  std::optional<cudaStream_t> enqueued_on_;
 };
+
+// The one host-to-device path through the staging ring: `write(region)` fills `bytes` of ring
+// memory (region is null when bytes is 0: it only validates) and returns how many items fell
+// back to torch.tensor; then `destination()` gives the device memory (it may allocate it, or
+// check that it is still there: no Python code runs between it and the copy); then ONE copy on
+// `stream`, the commit and the counters. The caller holds a device guard for `device`.
+template <class Write, class Destination>
+void copy_through_ring(c10::DeviceIndex device, size_t bytes, cudaStream_t stream, Write&& write,
+                       Destination&& destination) {
+  StagingRing& ring = ring_for(device, Direction::kToDevice);
+  if (bytes == 0) {
+    const size_t fallbacks = write(nullptr);
+    destination();
+    ring.counters().record(0, 0, fallbacks);
+    return;
+  }
+  LeaseGuard lease(ring, bytes);
+  const size_t fallbacks = write(lease.data());
+  void* const dst = destination();
+  lease.copy(dst, lease.data(), bytes, cudaMemcpyHostToDevice, stream);
+  lease.commit(stream);
+  ring.counters().record(bytes, 1, fallbacks);
+}
 
 }  // namespace pinstage
 

@@ -1,6 +1,7 @@
 #include "stage/stage.h"
 
 #include <ATen/record_function.h>
+#include <c10/util/SmallVector.h>
 
 #include <cstring>
 #include <string>
@@ -9,11 +10,11 @@
 #include "convert/dtypes.h"
 #include "convert/item_plan.h"
 #include "convert/tensor_memory.h"
-#include "python/py_objects.h"
 #include "ring/registry.h"
 #include "stage/error_prefix.h"
 #include "stage/lease.h"
 #include "stage/target.h"
+#include "util/py_objects.h"
 
 #ifdef PINSTAGE_WITH_CUDA
 #include <ATen/EmptyTensor.h>
@@ -28,14 +29,6 @@ namespace {
 
 // The most one staging can hold: the largest storage torch can describe.
 constexpr size_t kMaxStagingBytes = static_cast<size_t>(INT64_MAX);
-
-// A named range in the torch profiler for each call; free when no profiler is attached.
-struct ProfilerRange {
-  at::RecordFunction record{at::RecordScope::USER_SCOPE};
-  explicit ProfilerRange(const char* name) {
-    if (C10_UNLIKELY(record.isActive())) record.before(name);
-  }
-};
 
 // Runs fn(); an error it raises names stage_many's item `i`, keeping its exception type.
 template <class Fn>
@@ -72,8 +65,10 @@ at::Tensor typed_view(const at::Tensor& buffer, size_t byte_offset, c10::ScalarT
 std::vector<at::Tensor> stage_on_device(std::vector<ItemPlan>& plans, const Target& target, bool name_items) {
   const c10::cuda::CUDAStream& stream = *target.stream;
   check_not_capturing(stream, name_items ? "stage_many" : "stage_to_device");
+  // Not skipped when the target is the current device: Python code run by a conversion (the
+  // fallback, an element's __index__) may change the current device before the allocation.
   c10::cuda::CUDAGuard device_guard(target.device.index());
-  std::vector<size_t> offsets(plans.size());
+  c10::SmallVector<size_t, 16> offsets(plans.size());  // no heap allocation for a short call
   size_t total = 0;
   for (size_t i = 0; i < plans.size(); ++i) {
     // Each item's bytes fit int64 (checked_nbytes); their sum may not.
@@ -83,20 +78,23 @@ std::vector<at::Tensor> stage_on_device(std::vector<ItemPlan>& plans, const Targ
     offsets[i] = align_up(total, kStagingAlignment);
     total = offsets[i] + plans[i].nbytes;
   }
-  StagingRing& ring = ring_for(target.device.index(), Direction::kToDevice);
-  std::optional<LeaseGuard> lease;
-  if (total > 0) lease.emplace(ring, total);
-  size_t fallbacks = 0;
-  for (size_t i = 0; i < plans.size(); ++i) {
-    uint8_t* dst = plans[i].nbytes > 0 ? lease->data() + offsets[i] : nullptr;
-    for_item(i, name_items, [&] { return write_item(plans[i], dst); });
-    fallbacks += plans[i].via_fallback ? 1 : 0;  // when planned or when written, as stage_on_cpu counts
-  }
   const bool single = plans.size() == 1;
-  at::Tensor buffer = single ? empty_on_stream(plans[0].shape, plans[0].dtype, stream)
-                             : empty_on_stream({static_cast<int64_t>(total)}, c10::ScalarType::Byte, stream);
-  if (total > 0) lease->copy_and_commit(buffer.data_ptr(), total, stream.stream());
-  ring.counters().record(total, total > 0 ? 1 : 0, fallbacks);
+  at::Tensor buffer;
+  auto write = [&](uint8_t* region) {
+    size_t fallbacks = 0;
+    for (size_t i = 0; i < plans.size(); ++i) {
+      uint8_t* dst = plans[i].nbytes > 0 ? region + offsets[i] : nullptr;
+      for_item(i, name_items, [&] { return write_item(plans[i], dst); });
+      fallbacks += plans[i].via_fallback ? 1 : 0;  // when planned or when written, as stage_on_cpu counts
+    }
+    return fallbacks;
+  };
+  auto allocate = [&]() -> void* {
+    buffer = single ? empty_on_stream(plans[0].shape, plans[0].dtype, stream)
+                    : empty_on_stream({static_cast<int64_t>(total)}, c10::ScalarType::Byte, stream);
+    return buffer.data_ptr();
+  };
+  copy_through_ring(target.device.index(), total, stream.stream(), write, allocate);
   if (single) return {std::move(buffer)};
   std::vector<at::Tensor> results;
   results.reserve(plans.size());
@@ -114,7 +112,7 @@ std::vector<at::Tensor> stage_on_cpu(std::vector<ItemPlan>& plans, bool name_ite
   size_t bytes = 0;
   size_t fallbacks = 0;
   for (size_t i = 0; i < plans.size(); ++i) {
-    results.push_back(for_item(i, name_items, [&] { return host_tensor(plans[i]); }));
+    results.push_back(for_item(i, name_items, [&] { return cpu_values(plans[i]); }));
     bytes += plans[i].nbytes;
     fallbacks += plans[i].via_fallback ? 1 : 0;
   }
@@ -147,7 +145,7 @@ void check_out_unchanged(const at::Tensor& out, c10::ScalarType dtype, c10::Devi
 }  // namespace
 
 at::Tensor stage_to_device(PyObject* data, PyObject* dtype_obj, PyObject* stream, PyObject* device) {
-  ProfilerRange range("pinstage::stage_to_device");
+  RECORD_USER_SCOPE("pinstage::stage_to_device");  // a range in the torch profiler
   const c10::ScalarType dtype = parse_dtype(dtype_obj, "dtype");
   const Target target = resolve_target(stream, device);
   std::vector<ItemPlan> plans;
@@ -156,25 +154,30 @@ at::Tensor stage_to_device(PyObject* data, PyObject* dtype_obj, PyObject* stream
 }
 
 std::vector<at::Tensor> stage_many(PyObject* items, PyObject* stream, PyObject* device) {
-  ProfilerRange range("pinstage::stage_many");
-  // A tuple copy, and references to each item's data below: Python code can run between planning
-  // and writing (the torch.tensor fallback; other threads while on_full="wait" waits), and must
-  // not be able to free what the plans point at by mutating the caller's list.
+  RECORD_USER_SCOPE("pinstage::stage_many");  // a range in the torch profiler
+  // Python code can run between planning and writing (the torch.tensor fallback; other threads
+  // while on_full="wait" waits) and must not be able to free what the plans point at: each item's
+  // data is held (data_refs) as soon as it is read. A list is read in place, not copied: Python
+  // code run by an item may mutate it, so its length is checked before each item is read, and a
+  // pair is read before any Python code runs for it.
   TORCH_CHECK_TYPE(PySequence_Check(items), "pinstage.stage_many: items must be a sequence of (data, dtype) pairs, got ",
                    Py_TYPE(items)->tp_name);
-  const PyRef seq(checked(PySequence_Tuple(items)));
-  const Py_ssize_t n = PyTuple_GET_SIZE(seq.get());
+  THPObjectPtr seq(checked(PySequence_Fast(items, "pinstage.stage_many: items must be a sequence")));
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.get());
   const Target target = resolve_target(stream, device);
-  std::vector<PyRef> data_refs;
+  std::vector<THPObjectPtr> data_refs;
   data_refs.reserve(static_cast<size_t>(n));
   std::vector<ItemPlan> plans;
   plans.reserve(static_cast<size_t>(n));
   for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* pair = PyTuple_GET_ITEM(seq.get(), i);
+    TORCH_CHECK_VALUE(PySequence_Fast_GET_SIZE(seq.get()) == n, "pinstage.stage_many: items changed length from ", n,
+                      " to ", PySequence_Fast_GET_SIZE(seq.get()), " while item ", i - 1,
+                      " was converted (Python code it ran mutated the list); nothing was staged");
+    PyObject* pair = PySequence_Fast_GET_ITEM(seq.get(), i);
     TORCH_CHECK_TYPE((PyTuple_Check(pair) || PyList_Check(pair)) && PySequence_Fast_GET_SIZE(pair) == 2,
                      "pinstage.stage_many: item ", i, " must be a (data, dtype) pair, got ", Py_TYPE(pair)->tp_name);
     PyObject** fields = PySequence_Fast_ITEMS(pair);
-    data_refs.push_back(PyRef::borrow(fields[0]));
+    data_refs.push_back(THPObjectPtr::dup(fields[0]));
     PyObject* dtype = fields[1];
     plans.push_back(for_item(static_cast<size_t>(i), true,
                              [&] { return plan_source(data_refs.back().get(), parse_dtype(dtype, "dtype")); }));
@@ -184,7 +187,7 @@ std::vector<at::Tensor> stage_many(PyObject* items, PyObject* stream, PyObject* 
 }
 
 void stage_into(PyObject* data, PyObject* out_obj, PyObject* stream) {
-  ProfilerRange range("pinstage::stage_into");
+  RECORD_USER_SCOPE("pinstage::stage_into");  // a range in the torch profiler
   TORCH_CHECK_TYPE(is_tensor(out_obj), "pinstage.stage_into: out must be a torch.Tensor, got ", Py_TYPE(out_obj)->tp_name);
   // The variable's own tensor (not a copy): a later `out.data = ...` shows through it.
   const at::Tensor& out = unpack_tensor(out_obj);
@@ -225,17 +228,15 @@ void stage_into(PyObject* data, PyObject* out_obj, PyObject* stream) {
   }
 #ifdef PINSTAGE_WITH_CUDA
   c10::cuda::CUDAGuard device_guard(device.index());
-  StagingRing& ring = ring_for(device.index(), Direction::kToDevice);
-  if (plan.nbytes == 0) {
-    const bool fell_back = write_item(plan, nullptr);
-    ring.counters().record(0, 0, fell_back ? 1 : 0);
-    return;
-  }
-  LeaseGuard lease(ring, plan.nbytes);
-  const bool fell_back = write_item(plan, lease.data());
-  check_out_unchanged(out, dtype, device, out_numel);
-  lease.copy_and_commit(out.data_ptr(), plan.nbytes, s->stream());
-  ring.counters().record(plan.nbytes, 1, fell_back ? 1 : 0);
+  copy_through_ring(
+      device.index(), plan.nbytes, s->stream(), [&](uint8_t* region) -> size_t {
+        write_item(plan, region);
+        return plan.via_fallback ? 1 : 0;  // when planned or when written, as stage_many counts
+      },
+      [&]() -> void* {
+        check_out_unchanged(out, dtype, device, out_numel);
+        return out.data_ptr();
+      });
 #endif
 }
 

@@ -39,12 +39,12 @@ void repeat_value(uint8_t* dst, const void* value, size_t size, size_t count) {
 // n: an int (operator.index, not bool) in [0, max_bs].
 int64_t rows_arg(PyObject* n, int64_t max_bs) {
   TORCH_CHECK_TYPE(PyIndex_Check(n) && !PyBool_Check(n), kStage, ": n must be an int, got ", Py_TYPE(n)->tp_name);
-  const PyRef index(checked(PyNumber_Index(n)));
+  THPObjectPtr index(checked(PyNumber_Index(n)));
   int overflow = 0;
   const long long rows = PyLong_AsLongLongAndOverflow(index.get(), &overflow);
   if (rows == -1 && PyErr_Occurred()) throw PythonError();
   if (overflow != 0 || rows < 0 || rows > max_bs) {
-    const PyRef text(checked(PyObject_Str(index.get())));
+    THPObjectPtr text(checked(PyObject_Str(index.get())));
     TORCH_CHECK_VALUE(false, kStage, ": n must be between 0 and max_bs=", max_bs, ", got ", PyUnicode_AsUTF8(text.get()));
   }
   return rows;
@@ -59,7 +59,7 @@ StaticInputs::StaticInputs(const std::vector<StaticFieldSpec>& specs, int64_t ma
   size_t end = 0;
   std::vector<std::vector<int64_t>> shapes;
   for (const StaticFieldSpec& spec : specs) {
-    Field f{PyRef(checked(PyUnicode_FromStringAndSize(spec.name.data(), static_cast<Py_ssize_t>(spec.name.size())))),
+    Field f{THPObjectPtr(checked(PyUnicode_FromStringAndSize(spec.name.data(), static_cast<Py_ssize_t>(spec.name.size())))),
             "field '" + spec.name + "'", spec.dtype, spec.row_shape, 0, 0, 0};
     for (int64_t s : spec.row_shape) {
       TORCH_CHECK_VALUE(s >= 0, "pinstage.StaticInputs: ", f.label, " has a negative dimension in its shape ",
@@ -127,7 +127,7 @@ void StaticInputs::stage(PyObject* values, PyObject* n_arg, PyObject* stream) {
   }
 #endif
   TORCH_CHECK_VALUE(device_.is_cuda() || stream == Py_None, kStage, ": the inputs are on the CPU; no stream applies");
-  const std::vector<PyRef> data = field_values(values);
+  std::vector<THPObjectPtr> data = field_values(values);
   std::vector<ItemPlan> plans;
   plans.reserve(fields_.size());
   for (size_t i = 0; i < fields_.size(); ++i) {
@@ -146,10 +146,10 @@ void StaticInputs::stage(PyObject* values, PyObject* n_arg, PyObject* stream) {
   dirty_rows_ = n;
 }
 
-std::vector<PyRef> StaticInputs::field_values(PyObject* values) const {
+std::vector<THPObjectPtr> StaticInputs::field_values(PyObject* values) const {
   TORCH_CHECK_TYPE(PyDict_Check(values), kStage, ": values must be a dict of field name -> values, got ",
                    Py_TYPE(values)->tp_name);
-  std::vector<PyRef> out;
+  std::vector<THPObjectPtr> out;
   out.reserve(fields_.size());
   for (const Field& f : fields_) {
     PyObject* v = PyDict_GetItemWithError(values, f.name.get());
@@ -157,7 +157,7 @@ std::vector<PyRef> StaticInputs::field_values(PyObject* values) const {
       if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "%s: no values for %s", kStage, f.label.c_str());
       throw PythonError();
     }
-    out.push_back(PyRef::borrow(v));  // held: Python code run later may remove it from the dict
+    out.push_back(THPObjectPtr::dup(v));  // held: Python code run later may remove it from the dict
   }
   if (PyDict_Size(values) == static_cast<Py_ssize_t>(fields_.size())) return out;
   PyObject *key, *value;
@@ -167,7 +167,7 @@ std::vector<PyRef> StaticInputs::field_values(PyObject* values) const {
                          return PyUnicode_Compare(key, f.name.get()) == 0;
                        });
     if (known) continue;
-    const PyRef text(checked(PyObject_Repr(key)));
+    THPObjectPtr text(checked(PyObject_Repr(key)));
     std::string names;
     for (const Field& f : fields_) names += (names.empty() ? "" : ", ") + f.label.substr(6);
     TORCH_CHECK_VALUE(false, kStage, ": unknown field ", PyUnicode_AsUTF8(text.get()), " (the fields are ", names, ")");
@@ -222,22 +222,18 @@ void StaticInputs::copy_to_host_buffer(std::vector<ItemPlan>& plans, int64_t n, 
 void StaticInputs::copy_to_device(std::vector<ItemPlan>& plans, int64_t n, int64_t last_rows,
                                   const c10::cuda::CUDAStream& stream) {
   c10::cuda::CUDAGuard device_guard(device_.index());
-  StagingRing& ring = ring_for(device_.index(), Direction::kToDevice);
-  const size_t bytes = bytes_through(last_rows);
-  if (bytes == 0) {
-    ring.counters().record(0, 0, write_region(nullptr, plans, n, last_rows));
-    return;
-  }
-  LeaseGuard lease(ring, bytes);
-  const size_t fallbacks = write_region(lease.data(), plans, n, last_rows);
-  check_storage_intact();
-  if (stream != *allocation_stream_ &&
-      std::find(recorded_streams_.begin(), recorded_streams_.end(), stream) == recorded_streams_.end()) {
-    c10::cuda::CUDACachingAllocator::recordStream(buffer_.storage().data_ptr(), stream);
-    recorded_streams_.push_back(stream);
-  }
-  lease.copy_and_commit(buffer_.data_ptr(), bytes, stream.stream());
-  ring.counters().record(bytes, 1, fallbacks);
+  copy_through_ring(
+      device_.index(), bytes_through(last_rows), stream.stream(),
+      [&](uint8_t* region) { return write_region(region, plans, n, last_rows); },
+      [&]() -> void* {
+        check_storage_intact();
+        if (stream != *allocation_stream_ &&
+            std::find(recorded_streams_.begin(), recorded_streams_.end(), stream) == recorded_streams_.end()) {
+          c10::cuda::CUDACachingAllocator::recordStream(buffer_.storage().data_ptr(), stream);
+          recorded_streams_.push_back(stream);
+        }
+        return buffer_.data_ptr();
+      });
 }
 #endif
 

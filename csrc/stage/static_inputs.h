@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "convert/item_plan.h"
-#include "python/py_objects.h"
+#include "util/py_objects.h"
 
 #ifdef PINSTAGE_WITH_CUDA
 #include <c10/cuda/CUDAStream.h>
@@ -46,7 +46,8 @@ class StaticInputs {
 
  private:
   struct Field {
-    PyRef name;  // the dict key looked up each stage
+    // The dict key looked up each stage; mutable because THPObjectPtr::get() const is const PyObject*.
+    mutable THPObjectPtr name;
     std::string label;  // "field 'name'", for error messages
     c10::ScalarType dtype;
     std::vector<int64_t> row_shape;
@@ -55,7 +56,7 @@ class StaticInputs {
     size_t offset;  // in the allocation, and in every ring region
   };
 
-  std::vector<PyRef> field_values(PyObject* values) const;
+  std::vector<THPObjectPtr> field_values(PyObject* values) const;
   // Runs fn() with errors naming field i.
   template <class Fn>
   auto for_field(size_t i, Fn&& fn) const -> decltype(fn());

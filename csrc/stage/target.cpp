@@ -8,7 +8,7 @@
 #include <atomic>
 #include <string>
 
-#include "python/py_objects.h"
+#include "util/py_objects.h"
 
 #ifdef PINSTAGE_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -39,8 +39,8 @@ void check_not_forked() {
 [[maybe_unused]] void ensure_cuda_initialized() {
   check_not_forked();
   if (g_cuda_initialized.load(std::memory_order_acquire)) return;
-  PyRef module(checked(PyImport_ImportModule("torch.cuda")));
-  PyRef result(checked(PyObject_CallMethod(module.get(), "_lazy_init", nullptr)));
+  THPObjectPtr module(checked(PyImport_ImportModule("torch.cuda")));
+  THPObjectPtr result(checked(PyObject_CallMethod(module.get(), "_lazy_init", nullptr)));
   static const int registered = pthread_atfork(nullptr, nullptr, &mark_forked_child);
   (void)registered;
   g_cuda_initialized.store(true, std::memory_order_release);

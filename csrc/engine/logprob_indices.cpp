@@ -1,4 +1,4 @@
-#include "kernels/logprob_indices.h"
+#include "engine/logprob_indices.h"
 
 #include <ATen/ops/empty.h>
 

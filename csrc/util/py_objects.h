@@ -1,9 +1,10 @@
 // The Python objects pinstage reads besides plain data: tensors, and the Python error indicator.
-// Only tensor_check.cpp includes torch's Python tensor headers (the heaviest in the build).
+// Only py_objects.cpp includes torch's Python tensor headers (the heaviest in the build).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <Python.h>
+#include <torch/csrc/utils/object_ptr.h>  // THPObjectPtr: an owned reference
 
 #include <exception>
 
@@ -31,25 +32,8 @@ inline PyObject* checked(PyObject* obj) {
   return obj;
 }
 
-// An owned reference, released when it goes out of scope (with the GIL held).
-class PyRef {
- public:
-  explicit PyRef(PyObject* owned = nullptr) : obj_(owned) {}
-  PyRef(const PyRef&) = delete;
-  PyRef& operator=(const PyRef&) = delete;
-  PyRef(PyRef&& other) noexcept : obj_(other.obj_) { other.obj_ = nullptr; }
-  ~PyRef() { Py_XDECREF(obj_); }
-  static PyRef borrow(PyObject* obj) {
-    Py_XINCREF(obj);
-    return PyRef(obj);
-  }
-  PyObject* get() const { return obj_; }
-
- private:
-  PyObject* obj_;
-};
-
-// Releases the GIL for its scope (a wait that other Python threads need not share).
+// Releases the GIL for its scope (a wait that other Python threads need not share). Not pybind11's
+// gil_scoped_release: its users (the ring, the lease a torch op takes) do not include pybind11.
 class GilReleased {
  public:
   GilReleased() : state_(PyEval_SaveThread()) {}

@@ -1,4 +1,4 @@
-#include "python/py_objects.h"
+#include "util/py_objects.h"
 
 #include <torch/csrc/autograd/python_variable.h>
 

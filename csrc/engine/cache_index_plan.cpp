@@ -1,9 +1,9 @@
-#include "kernels/cache_index_plan.h"
+#include "engine/cache_index_plan.h"
 
 #include <ATen/ops/empty.h>
 
-#include "python/py_objects.h"
-#include "kernels/cache_index_checks.h"
+#include "engine/cache_index_checks.h"
+#include "util/py_objects.h"
 
 namespace pinstage {
 
