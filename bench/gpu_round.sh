@@ -1,33 +1,44 @@
 #!/usr/bin/env bash
-# One GPU round: environment, build, the README's test command, compute-sanitizer on the tests that
-# stress the ring, the benchmarks, the stress run. Logs, JSON and plots go to $OUT.
-# Usage: OUT=/some/dir bash bench/gpu_round.sh [tests] [sanitizer] [bench] [decode] [stress] [quick] [pack]
-#   (no stage named: all of them; "quick" shortens the benchmarks; "pack" leaves one round.tgz in $OUT)
-#   DECODE_ARGS: the decode loop's arguments (default "--steps 300 --repeats 3": 12 configurations x 31
-#   runs, estimated 5 minutes on an H200, most of it at 5 ms; add "--forward-ms 0.2,1" and
-#   "--forward-ms 5" to split it over two calls)
+# One GPU round in one call: environment, build, the CUDA tests (the changed ones first), the
+# benchmarks. Each stage has a time box, so that a short lease still brings back what finished.
+# Logs, JSON and plots go to $OUT.
+# Usage: OUT=/some/dir bash bench/gpu_round.sh [tests] [rest] [sanitizer] [bench] [engines] [decode] [stress] [quick]
+#   (no stage named: tests rest bench engines decode; "quick" shortens the benchmarks)
+#   Engine code (SGLang, vLLM) is read from .engines/ (carry it: nothing downloads there).
+#   TESTS_SECONDS, REST_SECONDS, BENCH_SECONDS (each benchmark), DECODE_SECONDS: the time boxes;
+#   DECODE_ARGS: the decode loop's arguments (default "--steps 300 --repeats 3", about 5 minutes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-bench/out/gpu}"
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 # The system compiler, whatever CXX the image sets: the image's wrapper builds modules that crash
 # formatting numbers in error messages.
 if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CC=/usr/bin/gcc; fi
-export MAX_JOBS="${MAX_JOBS:-$(nproc)}" PYTHONFAULTHANDLER=1
-stages="${*:-tests sanitizer bench decode stress pack}"
+export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
+stages="${*:-tests rest bench engines decode}"
 has() { [[ " $stages " == *" $1 "* ]]; }
 quick=""
 has quick && quick="--quick"
 t0=$(date +%s)
 stamp() { echo "[gpu_round $(( $(date +%s) - t0 ))s] $*"; }
+# Runs a command under a time box, output to $OUT/<name>.log; says how it ended.
+boxed() {
+  local name="$1" seconds="$2"; shift 2
+  timeout "$seconds" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  [ $rc -eq 124 ] && echo "$name: stopped by its ${seconds}s time box" || echo "$name exit: $rc"
+  return $rc
+}
+summary() { grep -E "passed|failed|error" "$OUT/$1.log" | tail -n 2; grep -E "^(FAILED|ERROR)" "$OUT/$1.log" | head -n 40; }
 
 {
   echo "date_utc: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
   nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.max.sm --format=csv
   python3 -c "import torch, sys; print('python', sys.version.split()[0]); print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"
   echo "cpus: $(nproc)"
-  "$CXX" --version | head -n 1
+  "${CXX:-c++}" --version | head -n 1
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
@@ -36,20 +47,26 @@ if ! python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1; then
   tail -n 60 "$OUT/build.log"
   exit 1
 fi
-grep -E "^pinstage setup:|-shared" "$OUT/build.log" | cut -c1-160
-# An error message that formats an integer: the toolchain check.
-python3 -c "import torch, pinstage
-try:
-    pinstage.stage_to_device(range(2**61), torch.int64, device='cpu')
-except RuntimeError as e:
-    print('error path ok:', str(e)[:60])"
+grep -E "^pinstage setup:" "$OUT/build.log" | cut -c1-160
 
+# The tests that cover what changed lately first, then the rest of the CUDA tests (one process: the
+# checks that a kernel is still running assume a quiet GPU).
+first="tests/test_trust_inputs.py tests/test_ring_liveness.py tests/test_fetch.py tests/test_builders_cache.py
+  tests/test_static_inputs.py tests/test_builders_static_inputs.py tests/test_memory_safety.py tests/test_cuda_stage.py
+  tests/test_vllm_plugin.py tests/test_sglang_integration.py tests/test_sglang_builders.py"
 if has tests; then
-  stamp "tests (the README's test command)"
-  bash scripts/test.sh -rfEs --durations=15 -p no:cacheprovider > "$OUT/tests.log" 2>&1
-  echo "tests exit: $?"
-  grep -E "passed|failed|error" "$OUT/tests.log" | tail -n 3
-  grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -n 40
+  stamp "CUDA tests: recent changes"
+  boxed tests "${TESTS_SECONDS:-600}" python3 -m pytest -q -p no:cacheprovider -rfE -m cuda $first
+  summary tests
+  # vLLM's UVA pool tests are not CUDA-marked (they run everywhere) but read pinned memory from the GPU here.
+  boxed tests_uva 120 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_vllm_plugin.py -k uva
+  summary tests_uva
+fi
+if has rest; then
+  stamp "CUDA tests: the rest"
+  boxed tests_rest "${REST_SECONDS:-600}" python3 -m pytest -q -p no:cacheprovider -rfE -m cuda tests \
+    $(for f in $first; do echo --deselect "$f"; done)
+  summary tests_rest
 fi
 
 if has sanitizer; then
@@ -64,34 +81,34 @@ if has sanitizer; then
   done
 fi
 
+b="${BENCH_SECONDS:-120}"
 if has bench; then
   stamp "microbenchmark"
-  python3 bench/microbench.py $quick --json "$OUT/microbench.json" > "$OUT/microbench.log" 2>"$OUT/microbench.err"
-  echo "microbench exit: $?"
+  boxed microbench "$b" python3 bench/microbench.py $quick --json "$OUT/microbench.json"
   sed -n '/^Checks/,$p' "$OUT/microbench.log"
+  stamp "StaticInputs"
+  boxed static_inputs "$b" python3 bench/static_inputs.py $quick --json "$OUT/static_inputs.json"
+  tail -n 25 "$OUT/static_inputs.log"
   stamp "builders"
-  python3 bench/builders.py $( [ -n "$quick" ] && echo "--repeats 5 --sample-ms 2") --json "$OUT/builders.json" \
-    > "$OUT/builders.log" 2>"$OUT/builders.err"
-  echo "builders exit: $?"
+  boxed builders "$b" python3 bench/builders.py $( [ -n "$quick" ] && echo "--repeats 5 --sample-ms 2") --json "$OUT/builders.json"
   cat "$OUT/builders.log"
 fi
-
+if has engines; then
+  stamp "inside vLLM and SGLang"
+  boxed vllm_host "$b" python3 bench/vllm_host.py --json "$OUT/vllm_host.json"
+  tail -n 20 "$OUT/vllm_host.log"
+  boxed sglang_host "$b" python3 bench/sglang_host.py --json "$OUT/sglang_host.json" --plot "$OUT/sglang_host.png"
+  tail -n 30 "$OUT/sglang_host.log"
+fi
 if has decode; then
   stamp "decode loop"
-  python3 bench/decode_loop.py $quick ${DECODE_ARGS:---steps 300 --repeats 3} --json "$OUT/decode_loop.json" \
-    > "$OUT/decode_loop.log" 2>"$OUT/decode_loop.err"
-  echo "decode loop exit: $?"
-  cat "$OUT/decode_loop.log"
-  tail -n 20 "$OUT/decode_loop.err"
+  boxed decode_loop "${DECODE_SECONDS:-420}" python3 bench/decode_loop.py $quick ${DECODE_ARGS:---steps 300 --repeats 3} \
+    --json "$OUT/decode_loop.json"
+  tail -n 40 "$OUT/decode_loop.log"
 fi
-
 if has stress; then
   stamp "stress"
-  python3 bench/stress.py $quick --json "$OUT/stress.json" > "$OUT/stress.log" 2>&1
-  echo "stress exit: $?"
+  boxed stress "${STRESS_SECONDS:-300}" python3 bench/stress.py $quick --json "$OUT/stress.json"
   tail -n 30 "$OUT/stress.log"
 fi
 stamp "done"
-if has pack; then
-  tar -C "$OUT" -czf /tmp/round.tgz . && rm -rf "${OUT:?}"/* && mv /tmp/round.tgz "$OUT/"
-fi
