@@ -1,4 +1,5 @@
 """The ways engines copy host state to the device today, as the benchmarks time them beside pinstage."""
+import numpy as np
 import torch
 
 
@@ -27,8 +28,18 @@ class CpuGpuBuffer:
         return self.copy_to_gpu(n)
 
 
+def pinned_host(values, dtype, pin=True):
+    """A fresh (pinned) host tensor of the values, a list or a numpy column, as engines make one per
+    field. torch.tensor(array, pin_memory=True) raises on some torch versions ("Can't pin tensor
+    constructed from numpy"), so an array is pinned by one copy of its own."""
+    if isinstance(values, np.ndarray):
+        t = torch.from_numpy(values).to(dtype)
+        return t.pin_memory() if pin else t
+    return torch.tensor(values, dtype=dtype, pin_memory=pin)
+
+
 def pinned_tensor(values, dtype, device):
     """SGLang's per-field pattern: a fresh pinned tensor from the values (a list or numpy column),
     copied without waiting. Safe: torch's pinned allocator reuses the block only after the copy."""
     device = torch.device(device)
-    return torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda").to(device, non_blocking=True)
+    return pinned_host(values, dtype, pin=device.type == "cuda").to(device, non_blocking=True)

@@ -55,7 +55,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 import _report  # noqa: E402
-from _baselines import CpuGpuBuffer  # noqa: E402
+from _baselines import CpuGpuBuffer, pinned_host  # noqa: E402
 import pinstage  # noqa: E402
 from _decode_model import (  # noqa: E402
     DecodeGraphs, PackedPinnedBuffer, SamplerInputs, Snapshot, TinyDecoder, sample, sleep_cycles_per_us,
@@ -374,7 +374,7 @@ class Loop:
             elif self.kind.copy == "vllm_buffer":
                 self.vllm[name].write(v)
             elif self.kind.copy == "pinned":
-                dst.copy_(torch.tensor(v, dtype=dst.dtype, pin_memory=self.cuda), non_blocking=True)
+                dst.copy_(pinned_host(v, dst.dtype, pin=self.cuda), non_blocking=True)
             else:  # blocking: from pageable memory, the host waits for the copy
                 dst.copy_(torch.tensor(v, dtype=dst.dtype))
 

@@ -28,7 +28,8 @@ import torch  # noqa: E402
 
 import _report  # noqa: E402
 import _timing  # noqa: E402
-from microbench import GpuBusy, VllmBuffer  # noqa: E402
+from _baselines import CpuGpuBuffer  # noqa: E402
+from microbench import GpuBusy  # noqa: E402
 import pinstage  # noqa: E402
 from pinstage import Field, StaticInputs  # noqa: E402
 
@@ -111,7 +112,7 @@ class Unguarded:
 def gpu_methods(inputs, values, n, dev):
     statics = {name: torch.empty((MAX_BS,) + f.shape, dtype=f.dtype, device=dev) for name, f in FIELDS.items()}
     into = [(values[name], statics[name][:n]) for name in FIELDS]
-    vllm = [(VllmBuffer((MAX_BS,) + f.shape, f.dtype, dev), values[name]) for name, f in FIELDS.items()]
+    vllm = [(CpuGpuBuffer.empty((MAX_BS,) + f.shape, f.dtype, dev), values[name]) for name, f in FIELDS.items()]
     unguarded = Unguarded(inputs)
 
     def stage_into_x8():
@@ -120,7 +121,7 @@ def gpu_methods(inputs, values, n, dev):
 
     def vllm_x8():
         for buffer, x in vllm:
-            buffer.stage(x)
+            buffer.write(x)
 
     return {
         "static_inputs": lambda: inputs.stage(values, n),
