@@ -2,8 +2,9 @@
 # One GPU round in one call: environment, build, the CUDA tests (the changed ones first), the
 # benchmarks. Each stage has a time box, so that a short lease still brings back what finished.
 # Logs, JSON and plots go to $OUT.
-# Usage: OUT=/some/dir bash bench/gpu_round.sh [tests] [rest] [sanitizer] [bench] [engines] [decode] [stress] [quick]
-#   (no stage named: tests rest bench engines decode; "quick" shortens the benchmarks)
+# Usage: OUT=/some/dir bash bench/gpu_round.sh [tests] [rest] [sanitizer] [bench] [engines] [decode] [stress] [quick] [pack]
+#   (no stage named: tests rest bench engines decode pack; "quick" shortens the benchmarks; "pack"
+#   leaves one round.tgz in $OUT, as a lease may bring back only a few files)
 #   Engine code (SGLang, vLLM) is read from .engines/ (carry it: nothing downloads there).
 #   TESTS_SECONDS, REST_SECONDS, BENCH_SECONDS (each benchmark), DECODE_SECONDS: the time boxes;
 #   DECODE_ARGS: the decode loop's arguments (default "--steps 300 --repeats 3", about 5 minutes).
@@ -16,7 +17,7 @@ export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 # formatting numbers in error messages.
 if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CC=/usr/bin/gcc; fi
 export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
-stages="${*:-tests rest bench engines decode}"
+stages="${*:-tests rest bench engines decode pack}"
 has() { [[ " $stages " == *" $1 "* ]]; }
 quick=""
 has quick && quick="--quick"
@@ -112,3 +113,6 @@ if has stress; then
   tail -n 30 "$OUT/stress.log"
 fi
 stamp "done"
+if has pack; then
+  tar -C "$OUT" -czf /tmp/round.tgz . && rm -rf "${OUT:?}"/* && mv /tmp/round.tgz "$OUT/"
+fi
