@@ -44,7 +44,7 @@ class StaticInputs:
         self._core = _C.StaticInputs(specs, self._max_bs, device)
         self._views: Dict[str, torch.Tensor] = dict(zip(fields, self._core.views()))
 
-    def stage(self, values: Mapping[str, Any], n: int, stream: Optional[torch.cuda.Stream] = None) -> None:
+    def stage(self, values: Dict[str, Any], n: int, stream: Optional[torch.cuda.Stream] = None) -> None:
         """Writes every field's n rows of values and the fill into rows n..max_bs, by ONE copy on
         `stream` (default: the device's current stream) from one staging ring region laid out like
         the allocation; returns before the copy has run.

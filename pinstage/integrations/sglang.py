@@ -21,6 +21,7 @@ import contextlib
 import importlib
 import importlib.metadata
 import threading
+from typing import Any, List, Tuple
 
 from ._sglang_cache import make_write_cache_indices
 from ._sglang_sampling import make_from_schedule_batch, rows_to_device_indices
@@ -40,7 +41,7 @@ _ALLOCATION = "sglang.srt.mem_cache.allocation"
 _POOL = "sglang.srt.mem_cache.memory_pool"
 
 _lock = threading.Lock()
-_originals = []  # (owner, attribute, the owner's own value before enable()), in patch order
+_originals: List[Tuple[Any, str, Any]] = []  # (owner, attribute, the owner's own value before enable()), in patch order
 
 
 def installed_version():

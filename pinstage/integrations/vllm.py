@@ -21,6 +21,7 @@ import sys
 import threading
 import types
 from collections.abc import Sequence
+from typing import Any, List, Tuple
 
 import numpy as np
 import torch
@@ -34,7 +35,7 @@ _DTYPES = frozenset((torch.bool, torch.uint8, torch.int8, torch.int16, torch.int
 _NUMPY_DTYPES = {torch.empty(0, dtype=t).numpy().dtype: t for t in _DTYPES if t is not torch.bfloat16}
 
 _lock = threading.Lock()
-_replaced = []  # (owner, name, original, replacement): what disable() puts back
+_replaced: List[Tuple[Any, str, Any, Any]] = []  # (owner, name, original, replacement): what disable() puts back
 
 
 def _host_data(data):
