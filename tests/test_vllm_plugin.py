@@ -260,7 +260,22 @@ def test_the_entry_point_is_declared_for_vllm():
     pyproject = tomllib.loads((pathlib.Path(__file__).parent.parent / "pyproject.toml").read_text())
     target = pyproject["project"]["entry-points"]["vllm.general_plugins"]["pinstage"]
     module, _, name = target.partition(":")
-    assert getattr(importlib.import_module(module), name) is plugin.enable
+    assert getattr(importlib.import_module(module), name) is plugin.plugin
+
+
+def test_the_entry_point_warns_under_an_untested_vllm_and_changes_nothing(vllm, monkeypatch):
+    """vLLM loads every installed plugin when VLLM_PLUGINS is unset: an untested vLLM must still start,
+    with its own helpers, and be told why."""
+    originals = _routed_helpers(vllm)
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.34.0")
+    with pytest.warns(RuntimeWarning, match=r"vLLM 0\.34\.0 is not supported; tested with vLLM 0\.33\.0"):
+        plugin.plugin()
+    assert _routed_helpers(vllm) == originals
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.33.0")
+    plugin.plugin()
+    routed = _routed_helpers(vllm)
+    plugin.disable()
+    assert all(routed[name] is not originals[name] for name in originals)
 
 
 def test_importing_the_plugin_imports_no_vllm():

@@ -20,6 +20,7 @@ import importlib.metadata
 import sys
 import threading
 import types
+import warnings
 from collections.abc import Sequence
 from typing import Any, List, Tuple
 
@@ -139,6 +140,19 @@ def enable():
         _replace(buffer_utils.UvaBufferPool, "copy_to_uva", _pool_rows)
         _replace(buffer_utils.UvaBufferPool, "copy_to_gpu", _staged_pool_copy_to_gpu)
         _replace(v1_utils.CpuGpuBuffer, "copy_to_gpu", _staged_buffer_copy_to_gpu)
+
+
+def plugin():
+    """The vLLM general plugin (entry point `pinstage` in vllm.general_plugins): enable(), except that
+    under a vLLM version it was not tested with it warns and changes nothing. vLLM loads every
+    installed plugin when VLLM_PLUGINS is unset, so raising here would stop vLLM from starting merely
+    because pinstage is installed beside it."""
+    try:
+        _check_version()
+    except RuntimeError as exc:
+        warnings.warn("%s; vLLM's own staging helpers stay in place" % exc, RuntimeWarning, stacklevel=2)
+        return
+    enable()
 
 
 def disable():
