@@ -65,3 +65,29 @@ def summarize_ns(per_call_ns):
         "max_us": max(us),
         "samples_us": us,
     }
+
+
+def interleaved(calls, repeats, sample_ms):
+    """name -> call: per-call samples of each (loops of about `sample_ms`), taken in turn, one of each
+    per round with the order rotated every round and no device synchronisation in between; returns
+    name -> summarize_ns."""
+    loops = {}
+    for name, call in calls.items():
+        for _ in range(3):
+            call()
+        loops[name] = calls_for_duration(estimate_call_ns(call, 100_000), sample_ms * 1e6)
+    names = list(calls)
+    samples = {name: [] for name in names}
+    with GcPaused():
+        for round_index in range(repeats):
+            shift = round_index % len(names)
+            for name in names[shift:] + names[:shift]:
+                samples[name].append(loop_ns(calls[name], loops[name]) / loops[name])
+    return {name: summarize_ns(s) for name, s in samples.items()}
+
+
+def add_sampling_args(parser, sizes, sample_ms=5.0):
+    """The arguments every host-time benchmark takes: sizes to sweep, samples per cell, loop length."""
+    parser.add_argument("--sizes", default=sizes)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--sample-ms", type=float, default=sample_ms)

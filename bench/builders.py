@@ -190,24 +190,6 @@ def builder_calls(rng, bs, device):
     return calls
 
 
-def measure(calls, repeats, sample_ms):
-    """name -> call: per-call microsecond samples of each, taken in turn (one of each per round, the
-    order rotated every round), with no device synchronisation in between."""
-    loops = {}
-    for name, call in calls.items():
-        for _ in range(3):
-            call()
-        loops[name] = _timing.calls_for_duration(_timing.estimate_call_ns(call, 100_000), sample_ms * 1e6)
-    names = list(calls)
-    samples = {name: [] for name in names}
-    with _timing.GcPaused():
-        for round_index in range(repeats):
-            shift = round_index % len(names)
-            for name in names[shift:] + names[:shift]:
-                samples[name].append(_timing.loop_ns(calls[name], loops[name]) / loops[name])
-    return {name: _timing.summarize_ns(s) for name, s in samples.items()}
-
-
 def checks(rows, on_gpu):
     """The checks of the builders' figures, as (what, measured, need, ok)."""
     if not on_gpu:
@@ -254,9 +236,7 @@ def print_table(rows, repeats):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write the results here (and a PNG plot beside it)")
-    parser.add_argument("--sizes", default="1,8,64,256,1024")
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--sample-ms", type=float, default=5.0)
+    _timing.add_sampling_args(parser, "1,8,64,256,1024")
     args = parser.parse_args()
 
     on_gpu = torch.cuda.is_available()
@@ -272,7 +252,7 @@ def main():
     sizes = [int(s) for s in args.sizes.split(",")]
     for bs in sizes:
         for builder, calls in builder_calls(random.Random(bs), bs, device).items():
-            stats = measure(calls, args.repeats, args.sample_ms)
+            stats = _timing.interleaved(calls, args.repeats, args.sample_ms)
             rows.append(dict(builder=builder, bs=bs, us={m: s["median_us"] for m, s in stats.items()},
                              spread={m: [s["min_us"], s["max_us"]] for m, s in stats.items()}))
             print(f"  measured {builder} bs {bs}", file=sys.stderr, flush=True)

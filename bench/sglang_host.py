@@ -108,9 +108,7 @@ def waits_for_gpu(call):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default="1,8,64,256,1024")
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--sample-ms", type=float, default=20.0)
+    _timing.add_sampling_args(parser, "1,8,64,256,1024", sample_ms=20.0)
     parser.add_argument("--json")
     parser.add_argument("--plot")
     args = parser.parse_args()

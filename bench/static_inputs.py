@@ -277,14 +277,8 @@ def run_cpu(args, report):
 
         methods = {"static_inputs": lambda: inputs.stage(values, n), "stage_into": stage_into_x8,
                    "numpy": numpy_x8}
-        calls = {name: max(4, int(2e6 / _timing.estimate_call_ns(call, 200_000))) for name, call in methods.items()}
-        samples = {name: [] for name in methods}
-        with _timing.GcPaused():
-            for _ in range(args.warmup + args.repeats):
-                for name, call in methods.items():
-                    samples[name].append(_timing.loop_ns(call, calls[name]) / calls[name])
-        cells.append({"bs": n, "methods": {name: {"host": _timing.summarize_ns(v[args.warmup:])}
-                                           for name, v in samples.items()}})
+        stats = _timing.interleaved(methods, args.repeats, sample_ms=2.0)
+        cells.append({"bs": n, "methods": {name: {"host": summary} for name, summary in stats.items()}})
     report["sections"]["cpu"] = cells
 
 

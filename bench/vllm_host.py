@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 sys.path.insert(0, HERE)
 
 import _report  # noqa: E402
-from builders import measure  # noqa: E402
+import _timing  # noqa: E402
 
 # Target on a GPU (issue 23): async_tensor_h2d of 256 int32 from a list, plugin / original host time.
 H2D_256_RATIO = 1 / 3
@@ -122,9 +122,7 @@ def checks(rows, on_gpu):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--sizes", default="16,256,4096")
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--sample-ms", type=float, default=5.0)
+    _timing.add_sampling_args(parser, "16,256,4096")
     args = parser.parse_args()
 
     vllm = load_vllm()
@@ -140,7 +138,7 @@ def main():
     fns = variants(vllm)
     for n in (int(s) for s in args.sizes.split(",")):
         for case, calls in helper_calls(vllm, fns, n, device).items():
-            stats = measure(calls, args.repeats, args.sample_ms)
+            stats = _timing.interleaved(calls, args.repeats, args.sample_ms)
             rows.append(dict(case=case, n=n, us={v: s["median_us"] for v, s in stats.items()},
                              spread={v: [s["min_us"], s["max_us"]] for v, s in stats.items()}))
             print("  measured %s n %d" % (case, n), file=sys.stderr, flush=True)

@@ -243,14 +243,20 @@ def test_enable_is_idempotent_and_disable_restores_every_original(vllm):
         del sys.modules["early_user"], sys.modules["late_user"]
 
 
-def test_refuses_untested_vllm_versions_and_changes_nothing(vllm, monkeypatch):
+@pytest.mark.parametrize("entry, refusal", [
+    ("enable", lambda: pytest.raises(RuntimeError, match=r"vLLM 0\.34\.0 is not supported; tested with vLLM 0\.33\.0")),
+    # vLLM loads every installed plugin when VLLM_PLUGINS is unset: under an untested vLLM the entry
+    # point must let vLLM start, with its own helpers, and say why.
+    ("plugin", lambda: pytest.warns(RuntimeWarning, match=r"vLLM 0\.34\.0 is not supported; tested with vLLM 0\.33\.0")),
+])
+def test_untested_vllm_versions_are_refused_and_nothing_changes(vllm, monkeypatch, entry, refusal):
     originals = _routed_helpers(vllm)
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.34.0")
-    with pytest.raises(RuntimeError, match=r"vLLM 0\.34\.0 is not supported; tested with vLLM 0\.33\.0"):
-        plugin.enable()
+    with refusal():
+        getattr(plugin, entry)()
     assert _routed_helpers(vllm) == originals
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.33.0+cu130")
-    plugin.enable()
+    getattr(plugin, entry)()
     routed = _routed_helpers(vllm)
     plugin.disable()
     assert all(routed[name] is not originals[name] for name in originals)
@@ -261,21 +267,6 @@ def test_the_entry_point_is_declared_for_vllm():
     target = pyproject["project"]["entry-points"]["vllm.general_plugins"]["pinstage"]
     module, _, name = target.partition(":")
     assert getattr(importlib.import_module(module), name) is plugin.plugin
-
-
-def test_the_entry_point_warns_under_an_untested_vllm_and_changes_nothing(vllm, monkeypatch):
-    """vLLM loads every installed plugin when VLLM_PLUGINS is unset: an untested vLLM must still start,
-    with its own helpers, and be told why."""
-    originals = _routed_helpers(vllm)
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.34.0")
-    with pytest.warns(RuntimeWarning, match=r"vLLM 0\.34\.0 is not supported; tested with vLLM 0\.33\.0"):
-        plugin.plugin()
-    assert _routed_helpers(vllm) == originals
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.33.0")
-    plugin.plugin()
-    routed = _routed_helpers(vllm)
-    plugin.disable()
-    assert all(routed[name] is not originals[name] for name in originals)
 
 
 def test_importing_the_plugin_imports_no_vllm():
