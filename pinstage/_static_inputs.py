@@ -5,8 +5,8 @@ from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple, Union
 import torch
 
 from . import _C
+from ._api import Device
 
-Device = Union[torch.device, str, int, None]
 
 
 class Field(NamedTuple):
@@ -33,7 +33,7 @@ class StaticInputs:
     One StaticInputs is one set of graph inputs: stage it from one thread at a time.
     """
 
-    __slots__ = ("_core", "_views", "_max_bs", "__weakref__")
+    __slots__ = ("_core", "_views", "_names", "_max_bs", "__weakref__")
 
     def __init__(self, fields: Mapping[str, Field], max_bs: int, device: Device = None):
         if not isinstance(fields, Mapping):
@@ -43,6 +43,7 @@ class StaticInputs:
         self._max_bs = operator.index(max_bs)
         self._core = _C.StaticInputs(specs, self._max_bs, device)
         self._views: Dict[str, torch.Tensor] = dict(zip(fields, self._core.views()))
+        self._names = tuple(self._views)
 
     def stage(self, values: Dict[str, Any], n: int, stream: Optional[torch.cuda.Stream] = None) -> None:
         """Writes every field's n rows of values and the fill into rows n..max_bs, by ONE copy on
@@ -63,7 +64,7 @@ class StaticInputs:
 
     @property
     def names(self) -> Tuple[str, ...]:
-        return tuple(self._views)
+        return self._names
 
     @property
     def max_bs(self) -> int:

@@ -3,10 +3,6 @@ expected when an object lacks one (instead of an AttributeError from deep inside
 from collections.abc import Sequence as SequenceABC
 from typing import Any, List, Optional, Sequence, Tuple
 
-SAMPLING_FIELDS = (
-    "temperature", "top_p", "top_k", "min_p", "sampling_seed",
-    "frequency_penalty", "presence_penalty", "repetition_penalty",
-)
 TOKEN_FIELDS = ("origin_input_ids", "output_ids")
 
 

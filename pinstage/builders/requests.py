@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 from ._checks import is_int, is_real
-from ._fields import SAMPLING_FIELDS, lacks_field
+from ._fields import lacks_field
 
 # top_k of every token. Requests ask for it with -1, which SamplingParams stores as this value so
 # that the per-step builder compares ints instead of rewriting the list every step (SGLang's value).
@@ -26,6 +26,7 @@ SAMPLING_RULES: Dict[str, Tuple[bool, Callable[[float], bool], str]] = {
     "presence_penalty": (False, lambda v: -2 <= v <= 2, "in [-2, 2]"),
     "repetition_penalty": (False, lambda v: 0 < v <= 2, "in (0, 2]"),
 }
+SAMPLING_FIELDS = tuple(SAMPLING_RULES)  # what the builders read of a sampling-parameters object
 
 
 @dataclass

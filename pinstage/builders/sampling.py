@@ -8,9 +8,9 @@ import torch
 from pinstage._api import Device
 
 from ._checks import Field, checked_bounds, stage_fields
-from ._fields import SAMPLING_FIELDS, checked_list, missing_field, penalty_row
+from ._fields import checked_list, missing_field, penalty_row
 from .protocols import SamplingFields
-from .requests import NO_PENALTIES, SAMPLING_RULES, TOP_K_ALL
+from .requests import NO_PENALTIES, SAMPLING_FIELDS, SAMPLING_RULES, TOP_K_ALL
 
 
 # The seed a request without one gets when deterministic sampling is on (SGLang's default).

@@ -35,8 +35,6 @@ BATCH_STATE_FIELDS: Dict[str, Field] = {
     "presence_penalties": Field(torch.float32, fill=0.0),
     "repetition_penalties": Field(torch.float32, fill=1.0),
 }
-PENALTY_FIELDS = ("frequency_penalties", "presence_penalties", "repetition_penalties")
-
 # Field -> (BatchState column, index within its row or None for the whole row).
 _SOURCES: Dict[str, Tuple[str, Optional[int]]] = {
     "input_ids": ("last_token_ids", None),
@@ -51,6 +49,7 @@ _SOURCES: Dict[str, Tuple[str, Optional[int]]] = {
     "presence_penalties": ("penalties", 1),
     "repetition_penalties": ("penalties", 2),
 }
+PENALTY_FIELDS = tuple(name for name, (column, _) in _SOURCES.items() if column == "penalties")
 
 
 def batch_static_inputs(

@@ -12,8 +12,7 @@ import operator
 import torch
 
 import pinstage
-
-DEFAULT_SEED = 42  # SGLang's seed for a request without one, under deterministic inference
+from pinstage.builders.sampling import DEFAULT_SAMPLING_SEED, sampling_flags
 _SAMPLING = operator.attrgetter("temperature", "top_p", "top_k", "min_p")
 _PARAMS = operator.attrgetter("sampling_params")
 _MASK = operator.attrgetter("return_sampling_mask")
@@ -52,11 +51,14 @@ def make_from_schedule_batch(sglang_from_schedule_batch, module):
                  (min_ps, torch.float32)]
         deterministic = settings.deterministic.enable_deterministic_inference
         if deterministic:
-            items.append(([DEFAULT_SEED if s is None else s for s in map(_SEED, params)], torch.int64))
+            items.append(([DEFAULT_SAMPLING_SEED if s is None else s for s in map(_SEED, params)], torch.int64))
         staged = pinstage.stage_many(items, device=batch.device)
 
-        # SGLang's verify() keeps top_p and min_p in range and NaN out, so these equal its any/all.
+        # SGLang's verify() keeps top_p and min_p in range and NaN out, so the builders' bound rule
+        # gives its any/all flags.
         k_min, k_max = (min(top_ks), max(top_ks)) if n else (None, None)
+        all_greedy, need_top_p, need_top_k, need_min_p = (
+            sampling_flags(min(top_ps), k_min, k_max, max(min_ps)) if n else (True, False, False, False))
         penalties = module.penaltylib
         info = cls(
             temperatures=staged[0].view(-1, 1),
@@ -64,11 +66,11 @@ def make_from_schedule_batch(sglang_from_schedule_batch, module):
             top_ks=staged[2],
             min_ps=staged[3],
             sampling_seed=staged[4] if deterministic else None,
-            is_all_greedy=not n or k_max <= 1,
+            is_all_greedy=all_greedy,
             is_any_greedy=bool(n) and k_min <= 1,
-            need_top_p_sampling=top_ps.count(1.0) != n,
-            need_top_k_sampling=top_ks.count(module.TOP_K_ALL) != n,
-            need_min_p_sampling=bool(n) and max(min_ps) > 0,
+            need_top_p_sampling=need_top_p,
+            need_top_k_sampling=need_top_k,
+            need_min_p_sampling=need_min_p,
             npu_top_k_top_p_eligible=not n or (k_min >= 1 and k_max <= _NPU_TOP_K_MAX),
             max_top_k=k_max if n and k_min >= 1 and k_max < module.TOP_K_ALL else None,
             vocab_size=vocab_size,
