@@ -67,6 +67,13 @@ def summarize_ns(per_call_ns):
     }
 
 
+def rotated(names, round_index):
+    """The methods' order in one round of samples: each round starts one further along, so that no
+    method always runs first or right after the same neighbour."""
+    shift = round_index % max(1, len(names))
+    return names[shift:] + names[:shift]
+
+
 def interleaved(calls, repeats, sample_ms):
     """name -> call: per-call samples of each (loops of about `sample_ms`), taken in turn, one of each
     per round with the order rotated every round and no device synchronisation in between; returns
@@ -76,12 +83,10 @@ def interleaved(calls, repeats, sample_ms):
         for _ in range(3):
             call()
         loops[name] = calls_for_duration(estimate_call_ns(call, 100_000), sample_ms * 1e6)
-    names = list(calls)
-    samples = {name: [] for name in names}
+    samples = {name: [] for name in calls}
     with GcPaused():
         for round_index in range(repeats):
-            shift = round_index % len(names)
-            for name in names[shift:] + names[:shift]:
+            for name in rotated(list(calls), round_index):
                 samples[name].append(loop_ns(calls[name], loops[name]) / loops[name])
     return {name: summarize_ns(s) for name, s in samples.items()}
 

@@ -196,9 +196,7 @@ def measure_methods(methods, settings, busy=None, max_calls=None, copies=None):
             except Exception as exc:  # noqa: BLE001 - one failing peer must not cost the rest of a round
                 _failed(out, name, exc, busy)
         for round_index in range(settings.repeats):
-            names = list(timed)
-            shift = round_index % max(1, len(names))
-            for name in names[shift:] + names[:shift]:
+            for name in _timing.rotated(list(timed), round_index):
                 try:
                     timed[name].sample()
                 except Exception as exc:  # noqa: BLE001

@@ -29,7 +29,7 @@ import torch  # noqa: E402
 import _report  # noqa: E402
 import _timing  # noqa: E402
 from _baselines import CpuGpuBuffer  # noqa: E402
-from microbench import GpuBusy  # noqa: E402
+from microbench import GpuBusy, ratio  # noqa: E402
 import pinstage  # noqa: E402
 from pinstage import Field, StaticInputs  # noqa: E402
 
@@ -171,8 +171,9 @@ def measure_cell(methods, repeats, steps, busy, warmup):
             for name, call in methods.items():
                 host_sample(call, steps, busy, sleep_us)
                 device_sample(call, steps, busy, sleep_us, events)
-        for _ in range(repeats):
-            for name, call in methods.items():  # interleaved: drift hits every method alike
+        for round_index in range(repeats):
+            for name in _timing.rotated(list(methods), round_index):  # drift hits every method alike
+                call = methods[name]
                 us, ok = host_sample(call, steps, busy, sleep_us)
                 host[name].append(us)
                 covered[name] += ok
@@ -206,9 +207,6 @@ def median(cell, method, kind):
     res = cell["methods"].get(method)
     return None if res is None else res[kind]["median_us"]
 
-
-def ratio(a, b):
-    return None if a is None or b is None or b <= 0 else a / b
 
 
 def print_gpu(report):

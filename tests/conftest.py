@@ -31,3 +31,17 @@ def rng(request):
     from staging_reference import seeded_rng
 
     return seeded_rng(request.node.nodeid)
+
+
+@pytest.fixture
+def cuda_ring():
+    """The default ring settings back after each CUDA test."""
+    import pinstage
+
+    pinstage.stage_to_device([0], torch.int64)
+    torch.cuda.synchronize()
+    ring = pinstage.stats()["ring_bytes"]
+    yield
+    torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    pinstage.configure(ring_bytes=ring, on_full="overflow")

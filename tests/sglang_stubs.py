@@ -294,7 +294,7 @@ def write_carried_copy(root, dest):
         target = dest / source.relative_to(root)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, target)
-    (dest / ".complete").write_text(f"subset of {root}: {len(files)} files\n")
+    (dest / _COMPLETE).write_text(f"subset of {root}: {len(files)} files\n")
     return len(files), sum(f.stat().st_size for f in files)
 
 
@@ -303,7 +303,7 @@ if __name__ == "__main__":
     import pathlib
 
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-    from engine_source import REPO, engine_root
+    from engine_source import _COMPLETE, REPO, engine_root
     from test_sglang_integration import PREFIXES, VERSION
 
     import shutil

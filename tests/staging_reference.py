@@ -283,3 +283,7 @@ def assert_error_names(exc, index, value, dtype):
         problems.append("dtype %s" % dtype_name(dtype))
     assert not problems, "message %r does not name the %s" % (message, ", ".join(problems))
 
+
+def assert_views(inputs, want, what):
+    for name, expected in want.items():
+        assert_same_tensor(inputs[name], expected, "%s, field %s" % (what, name))

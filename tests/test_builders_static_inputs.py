@@ -9,8 +9,7 @@ import pytest
 import torch
 from builders_support import DEVICES, random_params, random_requests
 from gpu_busy import assert_still_busy, busy
-from staging_reference import assert_same_tensor
-from test_static_inputs import cuda_ring  # noqa: F401 (a fixture: the default ring settings back after a test)
+from staging_reference import assert_same_tensor, assert_views
 
 import pinstage
 import pinstage.testing
@@ -83,11 +82,6 @@ def reference_views(inputs, fields, requests, extra):
                          torch.full((inputs.max_bs - n,) + f.shape, f.fill, dtype=f.dtype)])
         for name, f in fields.items()
     }
-
-
-def assert_views(inputs, want, what):
-    for name, expected in want.items():
-        assert_same_tensor(inputs[name], expected, "%s, field %s" % (what, name))
 
 
 def all_fields():

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import pinstage
+from builders_support import DEVICES
 from staging_reference import DTYPES, dtype_name
 from tensor_kinds import WrapperTensor
 
@@ -251,11 +252,7 @@ def test_exit_with_fetches_in_flight():
 # ------------------------------------------------------------------------- what a fetch may copy
 
 
-def devices():
-    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-
-
-@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("device", DEVICES)
 def test_conjugate_and_negative_views_come_back_resolved(device):
     z = torch.tensor([1 + 2j, -3 - 4j], dtype=torch.complex64, device=device)
     x = torch.tensor([1.5, -2.0, 3.0], device=device)
@@ -266,7 +263,7 @@ def test_conjugate_and_negative_views_come_back_resolved(device):
     assert a.tolist() == [-2.0, 4.0] and b.tolist() == [1 - 2j, -3 + 4j]
 
 
-@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("device", DEVICES)
 def test_tensors_without_memory_of_their_own_are_refused(device):
     q = torch.quantize_per_tensor(torch.tensor([1.0, 2.0], device=device), 0.5, 0, torch.qint8)
     with pytest.raises(TypeError, match="tensor 0 is quantized"):

@@ -12,10 +12,10 @@ import torch
 
 import pinstage
 from pinstage import Field, StaticInputs
+from builders_support import DEVICES
 from gpu_busy import assert_still_busy, busy
-from staging_reference import assert_error_names, assert_same_tensor, expected, natural_values, seeded_rng
+from staging_reference import assert_error_names, assert_same_tensor, assert_views, expected, natural_values, seeded_rng
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 # One engine step's graph inputs; the last field has a fill other than 0 (the rows a shrinking n
 # leaves behind must get it back) and the widest rows.
 FIELDS = {
@@ -46,11 +46,6 @@ class Reference:
 
     def snapshot(self):
         return {name: t.clone() for name, t in self.tensors.items()}
-
-
-def assert_views(inputs, want, what):
-    for name, expected in want.items():
-        assert_same_tensor(inputs[name], expected, "%s, field %s" % (what, name))
 
 
 def field_values(f, n, rng, form):
@@ -309,18 +304,6 @@ def field_of(inputs, flat, name):
     view = inputs[name]
     start = view.data_ptr() - allocation(inputs).data_ptr()
     return flat[start:start + view.nbytes].view(view.dtype).view(view.shape)
-
-
-@pytest.fixture
-def cuda_ring():
-    """The default ring settings back after each CUDA test."""
-    pinstage.stage_to_device([0], torch.int64)
-    torch.cuda.synchronize()
-    ring = pinstage.stats()["ring_bytes"]
-    yield
-    torch.cuda.set_sync_debug_mode(0)
-    torch.cuda.synchronize()
-    pinstage.configure(ring_bytes=ring, on_full="overflow")
 
 
 @pytest.mark.cuda
