@@ -70,7 +70,7 @@ bool write_level(PyObject* seq, const int64_t* shape, size_t ndim, T*& out) {
 
 }  // namespace
 
-bool infer_fast_shape(PyObject* obj, std::vector<int64_t>* shape) {
+bool infer_fast_shape(PyObject* obj, c10::DimVector* shape) {
   shape->clear();
   if (is_fast_scalar(obj)) return true;
   if (PyRange_Check(obj)) {
@@ -98,7 +98,7 @@ bool infer_fast_shape(PyObject* obj, std::vector<int64_t>* shape) {
   return !shape->empty() && is_fast_scalar(level);
 }
 
-bool write_fast(PyObject* obj, const std::vector<int64_t>& shape, c10::ScalarType dtype, void* dst) {
+bool write_fast(PyObject* obj, c10::IntArrayRef shape, c10::ScalarType dtype, void* dst) {
   return dispatch_dtype(dtype, [&](auto tag) -> bool {
     using T = decltype(tag);
     T* out = static_cast<T*>(dst);

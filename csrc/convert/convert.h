@@ -10,9 +10,10 @@
 
 #include <Python.h>
 #include <c10/core/ScalarType.h>
+#include <c10/util/ArrayRef.h>
+#include <c10/util/DimVector.h>
 
 #include <cstdint>
-#include <vector>
 
 namespace pinstage {
 
@@ -22,11 +23,11 @@ constexpr size_t kMaxDims = 128;
 // Fills `shape` the way torch.tensor infers it (length of each level, following first elements)
 // and returns true when `obj` is a structure the fast path can write: a Python scalar, a range, or
 // nested lists/tuples whose first leaf is a Python scalar. Returns false otherwise.
-bool infer_fast_shape(PyObject* obj, std::vector<int64_t>* shape);
+bool infer_fast_shape(PyObject* obj, c10::DimVector* shape);
 
 // Writes the numel(shape) elements of `obj` (accepted by infer_fast_shape with that shape) as
 // `dtype` into `dst`. Returns false, possibly after writing part of dst, when an element is not
 // one the fast path converts exactly; the caller must then use torch.tensor's own conversion.
-bool write_fast(PyObject* obj, const std::vector<int64_t>& shape, c10::ScalarType dtype, void* dst);
+bool write_fast(PyObject* obj, c10::IntArrayRef shape, c10::ScalarType dtype, void* dst);
 
 }  // namespace pinstage

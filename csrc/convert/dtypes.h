@@ -10,25 +10,12 @@
 
 namespace pinstage {
 
+// bool, the integer types (unsigned up to 64 bits) and the four floating types torch.tensor makes
+// from Python numbers; not complex, float8 or the bit-packed types.
 inline bool is_supported_dtype(c10::ScalarType t) {
-  switch (t) {
-    case c10::ScalarType::Bool:
-    case c10::ScalarType::Byte:
-    case c10::ScalarType::Char:
-    case c10::ScalarType::Short:
-    case c10::ScalarType::Int:
-    case c10::ScalarType::Long:
-    case c10::ScalarType::UInt16:
-    case c10::ScalarType::UInt32:
-    case c10::ScalarType::UInt64:
-    case c10::ScalarType::Half:
-    case c10::ScalarType::BFloat16:
-    case c10::ScalarType::Float:
-    case c10::ScalarType::Double:
-      return true;
-    default:
-      return false;
-  }
+  using c10::ScalarType;
+  return c10::isIntegralType(t, /*includeBool=*/true) || t == ScalarType::Half || t == ScalarType::BFloat16 ||
+         t == ScalarType::Float || t == ScalarType::Double;
 }
 
 // The name Python users know a dtype by ("torch.int32", not c10's "Int"), for error messages.

@@ -12,7 +12,7 @@
 #include "convert/convert.h"
 #include "convert/dtypes.h"
 #include "convert/tensor_memory.h"
-#include "util/py_objects.h"
+#include "values/py_objects.h"
 
 namespace pinstage {
 namespace {
@@ -143,7 +143,7 @@ ItemPlan plan_source(PyObject* data, c10::ScalarType dtype) {
   } else if (plan.buffer.open(data) && (plan.buffer.kind() != BufferSource::Kind::kNumpyScalar ||
                                         numpy_scalar_copies_exactly(plan.buffer.element_type(), dtype))) {
     plan.source = Source::kBuffer;
-    plan.shape = plan.buffer.shape();
+    plan.shape.assign(plan.buffer.shape().begin(), plan.buffer.shape().end());
   } else {
     plan.buffer = BufferSource();
     plan.source = Source::kFallback;
@@ -168,27 +168,26 @@ ItemPlan plan_item(PyObject* data, c10::ScalarType dtype) {
   return plan;
 }
 
-bool write_item(ItemPlan& plan, void* dst) {
+void write_item(ItemPlan& plan, void* dst) {
   using Source = ItemPlan::Source;
   switch (plan.source) {
     case Source::kPython:
-      if (write_fast(plan.data, plan.shape, plan.dtype, dst)) return false;
+      if (write_fast(plan.data, plan.shape, plan.dtype, dst)) return;
       break;
     case Source::kBuffer:
       if (!plan.buffer.unchanged(plan.data)) data_changed(plan, plan.buffer.shape());
-      if (plan.buffer.write(plan.dtype, dst)) return false;
+      if (plan.buffer.write(plan.dtype, dst)) return;
       break;
     case Source::kTensor:
       write_tensor(plan, dst);
-      return false;
+      return;
     case Source::kHeld:
       if (plan.nbytes > 0) std::memcpy(dst, plan.tensor.data_ptr(), plan.nbytes);
-      return false;
+      return;
     case Source::kFallback:
       TORCH_CHECK(false, "pinstage: internal error: an item was written before its fallback conversion");
   }
   write_fallback(plan, dst);
-  return true;
 }
 
 at::Tensor cpu_values(ItemPlan& plan) {

@@ -5,11 +5,12 @@
 
 #include <ATen/core/Tensor.h>
 #include <Python.h>
+#include <c10/util/DimVector.h>
 
 #include <cstdint>
 #include <vector>
 
-#include "convert/buffer_source.h"
+#include "values/buffer_source.h"
 
 namespace pinstage {
 
@@ -23,7 +24,7 @@ struct ItemPlan {
   };
   PyObject* data = nullptr;  // borrowed from the caller's arguments
   c10::ScalarType dtype = c10::ScalarType::Undefined;
-  std::vector<int64_t> shape;
+  c10::DimVector shape;  // inline up to 5 dimensions: planning a call allocates nothing for it
   int64_t numel = 0;
   size_t nbytes = 0;
   Source source = Source::kPython;
@@ -53,9 +54,9 @@ void convert_by_fallback(ItemPlan& plan);
 ItemPlan plan_item(PyObject* data, c10::ScalarType dtype);
 
 // Writes the plan's bytes to dst (nbytes of room; may be null when nbytes is 0, the data is then
-// only validated). Falls back to torch.tensor's conversion where the fast paths decline; throws
-// (PythonError) when that raises. Returns true if the fallback was used.
-bool write_item(ItemPlan& plan, void* dst);
+// only validated). Falls back to torch.tensor's conversion where the fast paths decline (setting
+// via_fallback); throws (PythonError) when that raises.
+void write_item(ItemPlan& plan, void* dst);
 
 // The plan's values as a fresh CPU tensor (for results on the CPU).
 at::Tensor cpu_values(ItemPlan& plan);

@@ -7,18 +7,16 @@
 #include <utility>
 #include <vector>
 
-#include "convert/buffer_source.h"
+#include "values/buffer_source.h"
 #include "convert/item_plan.h"
-#include "engine/cache_index_plan.h"
-#include "engine/logprob_indices.h"
 #include "python/errors.h"
 #include "ring/options.h"
 #include "ring/registry.h"
-#include "stage/fetch.h"
-#include "stage/stage.h"
-#include "stage/static_inputs.h"
-#include "stage/target.h"
-#include "util/py_objects.h"
+#include "copy/fetch.h"
+#include "tensor/stage.h"
+#include "tensor/static_inputs.h"
+#include "values/target.h"
+#include "values/py_objects.h"
 
 namespace py = pybind11;
 
@@ -262,15 +260,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_fallback", [](py::handle fn) { set_fallback(fn.ptr()); });
   m.def("_register_buffer_types", [](py::handle ndarray, py::handle generic, py::handle array) {
     register_buffer_types(ndarray.ptr(), generic.ptr(), array.ptr());
-  });
-  m.def("logprob_indices", [](const at::Tensor& lens, const at::Tensor& starts) {
-    return translate_errors([&] { return logprob_indices(lens, starts); });
-  });
-  m.def("cache_index_plan", [](const at::Tensor& req_to_token, py::handle prefix_tensors, const at::Tensor& rows,
-                               const at::Tensor& prefix_lens, const at::Tensor& seq_lens, const at::Tensor& extend_lens,
-                               const at::Tensor& out_cache_loc) {
-    return translate_errors([&] {
-      return cache_index_plan(req_to_token, prefix_tensors.ptr(), rows, prefix_lens, seq_lens, extend_lens, out_cache_loc);
-    });
   });
 }

@@ -12,7 +12,7 @@
 
 #include <optional>
 
-#include "util/py_objects.h"
+#include "values/py_objects.h"
 #endif
 
 namespace pinstage {
@@ -70,7 +70,7 @@ OnFull default_on_full() {
 #ifdef PINSTAGE_WITH_CUDA
 StagingRing& ring_for(c10::DeviceIndex device, Direction direction) {
   Registry& r = registry();
-  // The caller resolved `device` against the visible devices (see stage/target.h).
+  // The caller resolved `device` against the visible devices (see values/target.h).
   auto& slot = r.rings[2 * static_cast<size_t>(device) + (direction == Direction::kToHost ? 1 : 0)];
   if (StagingRing* ring = slot.load(std::memory_order_acquire)) return *ring;
   std::lock_guard<std::mutex> lock(r.mu);
@@ -104,8 +104,7 @@ void configure_rings(std::optional<size_t> ring_bytes, std::optional<OnFull> on_
 void free_unused_ring_memory(std::optional<c10::DeviceIndex> device) {
 #ifdef PINSTAGE_WITH_CUDA
   // cudaFreeHost may wait for the device: other Python threads keep staging meanwhile.
-  std::optional<GilReleased> no_gil;
-  if (PyGILState_Check()) no_gil.emplace();
+  GilReleasedIfHeld no_gil;
   for_each_ring(device, [](StagingRing& ring) { ring.free_unused(); });
 #else
   (void)device;

@@ -48,13 +48,14 @@ class RingAllocator {
     const bool full = !regions_.empty() && head_ == tail;
     if (full) return std::nullopt;
     size_t offset;
-    bool wrapped = false;
+    bool wrapped = false;    // the region starts at the front, past an unused end
+    bool restarted = false;  // nothing was held: the head moved to the front first
     const size_t aligned = align_up(head_, alignment);
     const bool fits_at_head = aligned <= capacity_ && bytes <= capacity_ - aligned;
     if (regions_.empty() && !fits_at_head) {
       head_ = 0;  // nothing held: restart at the front, where anything up to the capacity fits
       offset = 0;
-      ++wraps_;
+      restarted = true;
     } else if (regions_.empty() || head_ > tail) {
       // Free room is [head, capacity) then [0, tail).
       if (fits_at_head) {
@@ -73,8 +74,9 @@ class RingAllocator {
     const size_t end = offset + bytes;
     const size_t held = wrapped ? (capacity_ - head_) + end : end - head_;
     regions_.push_back(Region{head_, held, State::kWriting, false, Fence{}});
-    // A wrap is every return of the head to the front: past the unused end, or ending exactly there.
-    if (wrapped || end == capacity_) ++wraps_;
+    // A wrap is a return of the head to the front: a restart, past the unused end, or ending
+    // exactly there; one per reservation (a restart for the whole capacity is one).
+    if (restarted || wrapped || end == capacity_) ++wraps_;
     head_ = end == capacity_ ? 0 : end;
     held_bytes_ += held;
     if (held_bytes_ > peak_held_bytes_) peak_held_bytes_ = held_bytes_;

@@ -9,7 +9,6 @@ import numpy.typing as npt
 import torch
 
 import pinstage
-from pinstage import _C
 
 from ._backend import check_backend, stage
 
@@ -51,8 +50,12 @@ def write_cache_indices(
     # A copy taken before the ints are read: reading one can run Python code (an __index__) that
     # changes the list.
     prefix_tensors = list(prefix_tensors)
+    for i, t in enumerate(prefix_tensors):
+        if not issubclass(type(t), torch.Tensor):
+            raise TypeError(f"write_cache_indices: request {i}: prefix_tensors entry must be a tensor, got "
+                            f"{type(t).__name__}")
     columns = _int64_columns(req_pool_indices, prefix_lens, seq_lens, extend_lens)
-    offsets = _C.cache_index_plan(req_to_token, prefix_tensors, *columns, out_cache_loc)
+    offsets = torch.ops.pinstage.cache_index_plan(req_to_token, prefix_tensors, *columns, out_cache_loc)
     rows, prefixes, lengths, _ = columns
     values = [rows, prefixes, lengths, offsets]
     if backend != "pinstage":
@@ -71,7 +74,7 @@ def _int64_columns(
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The per-request ints as CPU int64 tensors: integer numpy arrays as they are, other columns
     converted by pinstage's CPU path. A float, str or bool is refused (TypeError naming the request
-    and the field), not truncated; lengths and ranges are checked by _C.cache_index_plan."""
+    and the field), not truncated; lengths and ranges are checked by torch.ops.pinstage.cache_index_plan."""
     out = []
     for name, column in zip(_FIELDS, columns):
         values = np.asarray(column)

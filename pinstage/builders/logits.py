@@ -19,7 +19,6 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from .. import _C
 from .._api import Device
 from ._backend import stage
 from ._checks import is_integer_entry
@@ -54,8 +53,8 @@ def logprob_index_tensors(
             _raise_first_invalid(lens.tolist(), starts.tolist())
     # The index arithmetic is one pass in C++ (numpy's ~20 whole-array operations cost more than the
     # staging at small batches).
-    return _C.logprob_indices(torch.from_numpy(np.ascontiguousarray(lens, dtype=np.int64)),
-                              torch.from_numpy(np.ascontiguousarray(starts, dtype=np.int64)))
+    return torch.ops.pinstage.logprob_indices(torch.from_numpy(np.ascontiguousarray(lens, dtype=np.int64)),
+                                              torch.from_numpy(np.ascontiguousarray(starts, dtype=np.int64)))
 
 
 _INT64_MAX = 2**63 - 1

@@ -1,4 +1,4 @@
-#include "stage/fetch.h"
+#include "copy/fetch.h"
 
 #include <ATen/ops/from_blob.h>
 
@@ -6,10 +6,11 @@
 #include <string>
 #include <tuple>
 
+#include "convert/tensor_memory.h"
 #include "ring/options.h"
 #include "ring/registry.h"
-#include "stage/lease.h"
-#include "stage/target.h"
+#include "copy/lease.h"
+#include "values/target.h"
 
 #ifdef PINSTAGE_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -42,9 +43,7 @@ void check_fetchable(const at::Tensor& t, size_t i, const char* api) {
                    " tensor; only strided tensors can be fetched");
   TORCH_CHECK_TYPE(!t.is_quantized(), "pinstage.", api, ": tensor ", i, " is quantized (", t.scalar_type(),
                    "); fetch its dequantize() or int_repr()");
-  const bool real_memory = !t.key_set().has(c10::DispatchKey::Python) && !t._is_zerotensor() && t.has_storage() &&
-                           (t.numel() == 0 || t.storage().data() != nullptr);
-  TORCH_CHECK_TYPE(real_memory, "pinstage.", api, ": tensor ", i, " (", t.scalar_type(), " on ", t.device(),
+  TORCH_CHECK_TYPE(has_real_memory(t), "pinstage.", api, ": tensor ", i, " (", t.scalar_type(), " on ", t.device(),
                    ") has no memory of its own to copy (a tensor subclass wrapping others, a fake or zero tensor); "
                    "fetch the tensors it holds");
 }
@@ -64,17 +63,15 @@ std::shared_ptr<PendingFetch> PendingFetch::start(const std::vector<at::Tensor>&
     handle->shapes_.emplace_back(t.sizes().begin(), t.sizes().end());
     handle->dtypes_.push_back(t.scalar_type());
   }
+  const Target target = target_on(device, stream, api);
   if (device.is_cpu()) {
-    TORCH_CHECK_VALUE(stream == Py_None, "pinstage.", api, ": the tensors are on the CPU; no stream applies");
     for (const at::Tensor& t : tensors) {
       handle->host_.push_back(t.detach().resolve_conj().resolve_neg().clone(at::MemoryFormat::Contiguous));
     }
     return handle;
   }
-  TORCH_CHECK_VALUE(device.is_cuda(), "pinstage.", api, ": the tensors are on ", device, "; CUDA or CPU only");
 #ifdef PINSTAGE_WITH_CUDA
-  const c10::cuda::CUDAStream s = stream_on(stream, device.index(), api);
-  check_not_capturing(s, api);
+  const c10::cuda::CUDAStream s = *target.stream;
   c10::cuda::CUDAGuard device_guard(device.index());
   std::vector<at::Tensor> sources;
   size_t total = 0;
@@ -114,12 +111,13 @@ PendingFetch::~PendingFetch() { release(); }
 
 void PendingFetch::release() {
   std::shared_ptr<Region> dropped;  // let go outside the handle's lock
+  std::vector<at::Tensor> host;
   {
     std::lock_guard<std::mutex> lock(mu_);
     released_ = true;
     dropped = std::move(region_);
+    host = std::move(host_);
   }
-  host_.clear();
 }
 
 bool PendingFetch::released() const {
@@ -127,9 +125,10 @@ bool PendingFetch::released() const {
   return released_;
 }
 
-std::shared_ptr<PendingFetch::Region> PendingFetch::held_region() const {
+std::shared_ptr<PendingFetch::Region> PendingFetch::held_region(std::vector<at::Tensor>* host) const {
   std::lock_guard<std::mutex> lock(mu_);
   TORCH_CHECK(!released_, "pinstage.FetchHandle: the handle was released; its memory may hold other values now");
+  if (host != nullptr && region_ == nullptr) *host = host_;
   return region_;
 }
 
@@ -153,8 +152,9 @@ void PendingFetch::wait() {
 }
 
 std::vector<at::Tensor> PendingFetch::tensors() {
-  const std::shared_ptr<Region> region = held_region();
-  if (region == nullptr) return host_;
+  std::vector<at::Tensor> host;
+  const std::shared_ptr<Region> region = held_region(&host);
+  if (region == nullptr) return host;
   wait();
   std::vector<at::Tensor> out;
 #ifdef PINSTAGE_WITH_CUDA

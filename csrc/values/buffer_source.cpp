@@ -1,4 +1,4 @@
-#include "convert/buffer_source.h"
+#include "values/buffer_source.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/from_blob.h>
@@ -121,30 +121,40 @@ bool BufferSource::open(PyObject* obj) {
   } else {
     return false;
   }
-  auto view = std::make_unique<Py_buffer>();
-  if (PyObject_GetBuffer(obj, view.get(), PyBUF_RECORDS_RO) != 0) {
+  // A numpy array's export is read here and released at once (see buffer_source.h): a Py_buffer on
+  // the stack, no allocation. The others are held, on the heap.
+  Py_buffer local;
+  std::unique_ptr<Py_buffer> held;
+  Py_buffer* view = &local;
+  if (kind_ != Kind::kNumpyArray) {
+    held = std::make_unique<Py_buffer>();
+    view = held.get();
+  }
+  if (PyObject_GetBuffer(obj, view, PyBUF_RECORDS_RO) != 0) {
     PyErr_Clear();  // e.g. numpy object arrays: torch.tensor says what is wrong with them
     return false;
   }
-  view_ = std::move(view);
-  const Py_buffer& v = *view_;
+  const bool ok = read_view(*view);
+  if (ok && held != nullptr) {
+    view_ = std::move(held);
+  } else {
+    PyBuffer_Release(view);
+  }
+  return ok;
+}
+
+bool BufferSource::read_view(const Py_buffer& v) {
   element_type_ = element_type_of(v.format, v.itemsize, kind_ == Kind::kSequence);
   // torch.tensor reads a memoryview of halves as a sequence it cannot size, and a sequence of more
   // than one dimension not at all: let it raise its own errors.
   const bool readable = element_type_ != c10::ScalarType::Undefined &&
                         (kind_ != Kind::kSequence || (v.ndim == 1 && element_type_ != c10::ScalarType::Half));
-  if (!readable) {
-    release();
-    return false;
-  }
+  if (!readable) return false;
   shape_.assign(v.shape, v.shape + v.ndim);
   element_strides_.resize(static_cast<size_t>(v.ndim));
   for (int d = 0; d < v.ndim; ++d) {  // PyBUF_RECORDS_RO asks for strides: they are filled in
     // Negative or fractional strides: torch.from_numpy refuses them (ValueError), so torch decides.
-    if (v.strides[d] < 0 || v.strides[d] % v.itemsize != 0) {
-      release();
-      return false;
-    }
+    if (v.strides[d] < 0 || v.strides[d] % v.itemsize != 0) return false;
     element_strides_[static_cast<size_t>(d)] = v.strides[d] / v.itemsize;
   }
   data_ = v.buf;
@@ -153,6 +163,7 @@ bool BufferSource::open(PyObject* obj) {
 }
 
 bool BufferSource::unchanged(PyObject* obj) const {
+  if (kind_ != Kind::kNumpyArray) return true;  // the held export keeps the memory where it was
   Py_buffer now;
   if (PyObject_GetBuffer(obj, &now, PyBUF_RECORDS_RO) != 0) {
     PyErr_Clear();

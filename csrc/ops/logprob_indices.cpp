@@ -1,6 +1,7 @@
-#include "engine/logprob_indices.h"
+#include "ops/logprob_indices.h"
 
 #include <ATen/ops/empty.h>
+#include <torch/library.h>
 
 #include <cstdint>
 
@@ -55,3 +56,5 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprob_indices(const
 }
 
 }  // namespace pinstage
+
+TORCH_LIBRARY_IMPL(pinstage, CPU, m) { m.impl("logprob_indices", &pinstage::logprob_indices); }

@@ -1,4 +1,4 @@
-#include "stage/static_inputs.h"
+#include "tensor/static_inputs.h"
 
 #include <ATen/ops/empty.h>
 
@@ -8,14 +8,14 @@
 
 #include "ring/options.h"
 #include "ring/registry.h"
-#include "stage/error_prefix.h"
-#include "stage/target.h"
+#include "values/error_prefix.h"
+#include "values/target.h"
 
 #ifdef PINSTAGE_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include "stage/lease.h"
+#include "copy/lease.h"
 #endif
 
 namespace pinstage {
@@ -60,7 +60,7 @@ StaticInputs::StaticInputs(const std::vector<StaticFieldSpec>& specs, int64_t ma
   std::vector<std::vector<int64_t>> shapes;
   for (const StaticFieldSpec& spec : specs) {
     Field f{THPObjectPtr(checked(PyUnicode_FromStringAndSize(spec.name.data(), static_cast<Py_ssize_t>(spec.name.size())))),
-            "field '" + spec.name + "'", spec.dtype, spec.row_shape, 0, 0, 0};
+            spec.name, "field '" + spec.name + "'", spec.dtype, spec.row_shape, 0, 0, 0};
     for (int64_t s : spec.row_shape) {
       TORCH_CHECK_VALUE(s >= 0, "pinstage.StaticInputs: ", f.label, " has a negative dimension in its shape ",
                         c10::IntArrayRef(spec.row_shape));
@@ -119,14 +119,8 @@ auto StaticInputs::for_field(size_t i, Fn&& fn) const -> decltype(fn()) {
 
 void StaticInputs::stage(PyObject* values, PyObject* n_arg, PyObject* stream) {
   const int64_t n = rows_arg(n_arg, max_bs_);
-#ifdef PINSTAGE_WITH_CUDA
-  std::optional<c10::cuda::CUDAStream> cuda_stream;
-  if (device_.is_cuda()) {
-    cuda_stream = stream_on(stream, device_.index(), "StaticInputs.stage");
-    check_not_capturing(*cuda_stream, "StaticInputs.stage");
-  }
-#endif
-  TORCH_CHECK_VALUE(device_.is_cuda() || stream == Py_None, kStage, ": the inputs are on the CPU; no stream applies");
+  // No stream on the CPU.
+  [[maybe_unused]] const Target target = target_on(device_, stream, "StaticInputs.stage");
   std::vector<THPObjectPtr> data = field_values(values);
   std::vector<ItemPlan> plans;
   plans.reserve(fields_.size());
@@ -140,7 +134,7 @@ void StaticInputs::stage(PyObject* values, PyObject* n_arg, PyObject* stream) {
     copy_to_host_buffer(plans, n, last_rows);
   } else {
 #ifdef PINSTAGE_WITH_CUDA
-    copy_to_device(plans, n, last_rows, *cuda_stream);
+    copy_to_device(plans, n, last_rows, *target.stream);
 #endif
   }
   dirty_rows_ = n;
@@ -169,7 +163,7 @@ std::vector<THPObjectPtr> StaticInputs::field_values(PyObject* values) const {
     if (known) continue;
     THPObjectPtr text(checked(PyObject_Repr(key)));
     std::string names;
-    for (const Field& f : fields_) names += (names.empty() ? "" : ", ") + f.label.substr(6);
+    for (const Field& f : fields_) names += (names.empty() ? "'" : ", '") + f.name_text + "'";
     TORCH_CHECK_VALUE(false, kStage, ": unknown field ", PyUnicode_AsUTF8(text.get()), " (the fields are ", names, ")");
   }
   return out;
@@ -209,7 +203,8 @@ void StaticInputs::check_storage_intact() const {
 }
 
 void StaticInputs::copy_to_host_buffer(std::vector<ItemPlan>& plans, int64_t n, int64_t last_rows) {
-  // Through a temporary region: a bad value in a later field must leave the views as they were.
+  // Through a temporary region of its own (not a member: Python code a conversion runs may stage
+  // again): a bad value in a later field must leave the views as they were.
   const size_t bytes = bytes_through(last_rows);
   const std::unique_ptr<uint8_t[]> region(new uint8_t[std::max<size_t>(bytes, 1)]);
   const size_t fallbacks = write_region(region.get(), plans, n, last_rows);

@@ -7,6 +7,11 @@
 #include <torch/csrc/utils/object_ptr.h>  // THPObjectPtr: an owned reference
 
 #include <exception>
+#include <memory>
+
+namespace pybind11 {
+class gil_scoped_release;
+}  // namespace pybind11
 
 namespace pinstage {
 
@@ -32,17 +37,18 @@ inline PyObject* checked(PyObject* obj) {
   return obj;
 }
 
-// Releases the GIL for its scope (a wait that other Python threads need not share). Not pybind11's
-// gil_scoped_release: its users (the ring, the lease a torch op takes) do not include pybind11.
-class GilReleased {
+// pybind11's gil_scoped_release for its scope where the calling thread holds the GIL (a torch op
+// may run without it), so that other Python threads run while this one waits. Out of line: the
+// ring's files do not include pybind11.
+class GilReleasedIfHeld {
  public:
-  GilReleased() : state_(PyEval_SaveThread()) {}
-  ~GilReleased() { PyEval_RestoreThread(state_); }
-  GilReleased(const GilReleased&) = delete;
-  GilReleased& operator=(const GilReleased&) = delete;
+  GilReleasedIfHeld();
+  ~GilReleasedIfHeld();
+  GilReleasedIfHeld(const GilReleasedIfHeld&) = delete;
+  GilReleasedIfHeld& operator=(const GilReleasedIfHeld&) = delete;
 
  private:
-  PyThreadState* state_;
+  std::unique_ptr<pybind11::gil_scoped_release> released_;
 };
 
 }  // namespace pinstage

@@ -7,7 +7,7 @@
 #include <string>
 #include <typeinfo>
 
-#include "util/py_objects.h"
+#include "values/py_objects.h"
 
 namespace pinstage {
 

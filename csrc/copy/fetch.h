@@ -34,10 +34,11 @@ class PendingFetch {
   struct Region;  // a held lease; its destructor lets the ring reuse it
 
  private:
-  // The held region (nullptr for a CPU fetch); RuntimeError once released.
-  std::shared_ptr<Region> held_region() const;
+  // The held region (nullptr for a CPU fetch, whose values go to *host when given); RuntimeError
+  // once released.
+  std::shared_ptr<Region> held_region(std::vector<at::Tensor>* host = nullptr) const;
 
-  mutable std::mutex mu_;  // guards region_ and released_
+  mutable std::mutex mu_;  // guards region_, released_ and host_
   std::shared_ptr<Region> region_;
   bool released_ = false;
   std::vector<at::Tensor> host_;  // CPU inputs: the values, copied at start

@@ -34,10 +34,12 @@ int visible_cuda_devices();
 // RuntimeError for a CUDA device in a build without CUDA.
 [[noreturn]] void built_without_cuda(const c10::Device& device);
 
-#ifdef PINSTAGE_WITH_CUDA
-// `stream` (None: the device's current stream), which must be on `device`.
-c10::cuda::CUDAStream stream_on(PyObject* stream, c10::DeviceIndex device, const char* api);
+// The target of a copy to or from `device`, which the data already names (stage_into's out, the
+// static inputs, fetched tensors): for CUDA, `stream` (None: the device's current stream) checked
+// to be on the device and not capturing; on the CPU, stream must be None (ValueError).
+Target target_on(const c10::Device& device, PyObject* stream, const char* api);
 
+#ifdef PINSTAGE_WITH_CUDA
 // A copy enqueued on a stream that is capturing a CUDA graph would use ring memory that is reused
 // long before the graph replays: refused with RuntimeError.
 void check_not_capturing(const c10::cuda::CUDAStream& stream, const char* api);

@@ -14,7 +14,7 @@
 #include "ring/pinned_memory.h"
 #include "ring/registry.h"
 #include "ring/staging_ring.h"
-#include "util/py_objects.h"
+#include "values/py_objects.h"
 
 namespace pinstage {
 
@@ -29,8 +29,7 @@ class LeaseGuard {
         lease_ = *got.lease;
         return;
       }
-      std::optional<GilReleased> no_gil;
-      if (PyGILState_Check()) no_gil.emplace();
+      GilReleasedIfHeld no_gil;
       ring.wait_for(got.wait_on, "pinstage: on_full=\"wait\" must wait for an in-flight copy (the ring is full)");
     }
   }

@@ -1,16 +1,15 @@
-#include "engine/cache_index_plan.h"
+#include "ops/cache_index_plan.h"
 
 #include <ATen/ops/empty.h>
+#include <torch/library.h>
 
-#include "engine/cache_index_checks.h"
-#include "util/py_objects.h"
+#include "ops/cache_index_checks.h"
 
 namespace pinstage {
 
-at::Tensor cache_index_plan(const at::Tensor& req_to_token, PyObject* prefix_tensors,
-                                                    const at::Tensor& req_pool_indices, const at::Tensor& prefix_lens,
-                                                    const at::Tensor& seq_lens, const at::Tensor& extend_lens,
-                                                    const at::Tensor& out_cache_loc) {
+at::Tensor cache_index_plan(const at::Tensor& req_to_token, at::TensorList prefix_tensors,
+                            const at::Tensor& req_pool_indices, const at::Tensor& prefix_lens,
+                            const at::Tensor& seq_lens, const at::Tensor& extend_lens, const at::Tensor& out_cache_loc) {
   check_req_to_token(req_to_token);
   const at::Device device = req_to_token.device();
   check_out_cache_loc(out_cache_loc, device);
@@ -23,13 +22,8 @@ at::Tensor cache_index_plan(const at::Tensor& req_to_token, PyObject* prefix_ten
                       batch);
     check_per_request(*t, name, at::kLong, batch, at::Device(at::kCPU));
   }
-  // A list or tuple whose items are read without running Python code (no iteration protocol).
-  PyObject* seq = prefix_tensors;
-  TORCH_CHECK_TYPE(PyList_CheckExact(seq) || PyTuple_CheckExact(seq), kOp,
-                   ": prefix_tensors must be a list or tuple, got ", Py_TYPE(seq)->tp_name);
-  TORCH_CHECK_VALUE(PySequence_Fast_GET_SIZE(seq) == batch, kOp, ": prefix_tensors has ",
-                    PySequence_Fast_GET_SIZE(seq), " entries but req_pool_indices has ", batch);
-  PyObject** items = PySequence_Fast_ITEMS(seq);
+  TORCH_CHECK_VALUE(static_cast<int64_t>(prefix_tensors.size()) == batch, kOp, ": prefix_tensors has ",
+                    prefix_tensors.size(), " entries but req_pool_indices has ", batch);
   const int64_t* rows_of = req_pool_indices.const_data_ptr<int64_t>();
   const int64_t* prefix = prefix_lens.const_data_ptr<int64_t>();
   const int64_t* seq_len = seq_lens.const_data_ptr<int64_t>();
@@ -42,10 +36,7 @@ at::Tensor cache_index_plan(const at::Tensor& req_to_token, PyObject* prefix_ten
     check_request_span(i, rows_of[i], prefix[i], seq_len[i], req_to_token.size(0), req_to_token.size(1));
     TORCH_CHECK_VALUE(extend[i] == seq_len[i] - prefix[i], kOp, ": request ", i, ": extend_lens (", extend[i],
                       ") != seq_lens - prefix_lens (", seq_len[i], " - ", prefix[i], ")");
-    PyObject* obj = items[i];
-    TORCH_CHECK_TYPE(is_tensor(obj), kOp, ": request ", i, ": prefix_tensors entry must be a tensor, got ",
-                     Py_TYPE(obj)->tp_name);
-    const at::Tensor& cached = unpack_tensor(obj);
+    const at::Tensor& cached = prefix_tensors[static_cast<size_t>(i)];
     check_prefix_tensor(i, cached, device);
     TORCH_CHECK_VALUE(cached.numel() >= prefix[i], kOp, ": request ", i, ": prefix_tensors entry has ",
                       cached.numel(), " elements but prefix_lens is ", prefix[i]);
@@ -59,3 +50,6 @@ at::Tensor cache_index_plan(const at::Tensor& req_to_token, PyObject* prefix_ten
 }
 
 }  // namespace pinstage
+
+// Never reads device memory, so one kernel serves req_to_token on any device.
+TORCH_LIBRARY_IMPL(pinstage, CompositeExplicitAutograd, m) { m.impl("cache_index_plan", &pinstage::cache_index_plan); }

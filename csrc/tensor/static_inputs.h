@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "convert/item_plan.h"
-#include "util/py_objects.h"
+#include "values/py_objects.h"
 
 #ifdef PINSTAGE_WITH_CUDA
 #include <c10/cuda/CUDAStream.h>
@@ -48,6 +48,7 @@ class StaticInputs {
   struct Field {
     // The dict key looked up each stage; mutable because THPObjectPtr::get() const is const PyObject*.
     mutable THPObjectPtr name;
+    std::string name_text;
     std::string label;  // "field 'name'", for error messages
     c10::ScalarType dtype;
     std::vector<int64_t> row_shape;

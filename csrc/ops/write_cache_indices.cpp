@@ -7,6 +7,7 @@
 #include <torch/library.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #ifdef PINSTAGE_WITH_CUDA
@@ -17,13 +18,13 @@
 
 #include "ring/options.h"
 #include "ring/registry.h"
-#include "stage/lease.h"
-#include "stage/target.h"
+#include "copy/lease.h"
+#include "values/target.h"
 #endif
 
 #include "convert/dtypes.h"
-#include "engine/cache_index_checks.h"
-#include "kernels/write_cache_indices.h"
+#include "ops/cache_index_checks.h"
+#include "ops/write_cache_indices.h"
 
 namespace pinstage {
 namespace {
@@ -50,10 +51,13 @@ PrefixTable prefix_table(at::TensorList prefix_tensors, int64_t batch, const at:
 }
 
 // Checks every argument's dtype, shape and device (per-request tensors may be on the CPU for the
-// CUDA op, `cpu_too`) and fills what does not depend on where the per-request values are.
-CacheIndexParams checked_params(const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
-                                const at::Tensor& prefix_lens, const at::Tensor& seq_lens,
-                                const at::Tensor& out_cache_offsets, const at::Tensor& out_cache_loc, bool cpu_too) {
+// CUDA op, `cpu_too`), fills what does not depend on where the per-request values are, and takes
+// the prefix table.
+std::pair<CacheIndexParams, PrefixTable> checked_params(const at::Tensor& req_to_token,
+                                                        const at::Tensor& req_pool_indices,
+                                                        at::TensorList prefix_tensors, const at::Tensor& prefix_lens,
+                                                        const at::Tensor& seq_lens, const at::Tensor& out_cache_offsets,
+                                                        const at::Tensor& out_cache_loc, bool cpu_too) {
   check_req_to_token(req_to_token);
   const at::Device device = req_to_token.device();
   const int64_t batch = req_pool_indices.numel();
@@ -71,15 +75,12 @@ CacheIndexParams checked_params(const at::Tensor& req_to_token, const at::Tensor
   p.batch = batch;
   p.out_cache_loc = out_cache_loc.const_data_ptr<int64_t>();
   p.out_cache_len = out_cache_loc.numel();
-  return p;
+  return {p, prefix_table(prefix_tensors, batch, device)};
 }
 
-void write_cache_indices_cpu(const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
-                             at::TensorList prefix_tensors, const at::Tensor& prefix_lens, const at::Tensor& seq_lens,
-                             const at::Tensor& out_cache_offsets, const at::Tensor& out_cache_loc) {
-  CacheIndexParams p = checked_params(req_to_token, req_pool_indices, prefix_lens, seq_lens, out_cache_offsets,
-                                      out_cache_loc, /*cpu_too=*/false);
-  const PrefixTable table = prefix_table(prefix_tensors, p.batch, req_to_token.device());
+// The per-request values are CPU tensors, as req_to_token is.
+void write_on_cpu(CacheIndexParams& p, const PrefixTable& table, const at::Tensor& req_pool_indices,
+                  const at::Tensor& prefix_lens, const at::Tensor& seq_lens, const at::Tensor& out_cache_offsets) {
   p.req_pool_indices = req_pool_indices.const_data_ptr<int64_t>();
   p.prefix_lens = prefix_lens.const_data_ptr<int64_t>();
   p.seq_lens = seq_lens.const_data_ptr<int64_t>();
@@ -112,12 +113,9 @@ void write_cache_indices_cpu(const at::Tensor& req_to_token, const at::Tensor& r
 // Values stay on the device (reading them would make the host wait): cache_index_plan checked them
 // before they were staged, and the kernel skips rows out of bounds. The prefix table, and the
 // per-request values passed on the CPU, go to the device in ONE copy through the staging ring.
-void write_cache_indices_cuda(const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
-                              at::TensorList prefix_tensors, const at::Tensor& prefix_lens, const at::Tensor& seq_lens,
-                              const at::Tensor& out_cache_offsets, const at::Tensor& out_cache_loc) {
-  CacheIndexParams p = checked_params(req_to_token, req_pool_indices, prefix_lens, seq_lens, out_cache_offsets,
-                                      out_cache_loc, /*cpu_too=*/true);
-  const PrefixTable table = prefix_table(prefix_tensors, p.batch, req_to_token.device());
+void write_on_cuda(CacheIndexParams& p, const PrefixTable& table, const at::Tensor& req_to_token,
+                   const at::Tensor& req_pool_indices, const at::Tensor& prefix_lens, const at::Tensor& seq_lens,
+                   const at::Tensor& out_cache_offsets) {
   if (p.batch == 0) return;
   const c10::cuda::CUDAGuard guard(req_to_token.device());
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(req_to_token.device().index());
@@ -167,24 +165,33 @@ void write_cache_indices_cuda(const at::Tensor& req_to_token, const at::Tensor& 
 }
 #endif
 
+// The op's CPU and CUDA kernel: one set of checks, then the loop or the kernel for req_to_token's device.
+void write_cache_indices(const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
+                         at::TensorList prefix_tensors, const at::Tensor& prefix_lens, const at::Tensor& seq_lens,
+                         const at::Tensor& out_cache_offsets, const at::Tensor& out_cache_loc) {
+  const bool on_cuda = req_to_token.is_cuda();
+  auto checked = checked_params(req_to_token, req_pool_indices, prefix_tensors, prefix_lens, seq_lens,
+                                out_cache_offsets, out_cache_loc, /*cpu_too=*/on_cuda);
+  if (!on_cuda) {
+    write_on_cpu(checked.first, checked.second, req_pool_indices, prefix_lens, seq_lens, out_cache_offsets);
+    return;
+  }
+#ifdef PINSTAGE_WITH_CUDA
+  write_on_cuda(checked.first, checked.second, req_to_token, req_pool_indices, prefix_lens, seq_lens,
+                out_cache_offsets);
+#endif
+}
+
 void write_cache_indices_fake(const at::Tensor&, const at::Tensor&, at::TensorList, const at::Tensor&,
                               const at::Tensor&, const at::Tensor&, const at::Tensor&) {}
 
 }  // namespace
 }  // namespace pinstage
 
-// prefix_tensors are tensors, never addresses: the op takes each one's address itself, after
-// checking that it has memory of its own on req_to_token's device.
-TORCH_LIBRARY(pinstage, m) {
-  m.def(
-      "write_cache_indices(Tensor(a!) req_to_token, Tensor req_pool_indices, Tensor[] prefix_tensors, "
-      "Tensor prefix_lens, Tensor seq_lens, Tensor out_cache_offsets, Tensor out_cache_loc) -> ()");
-}
-
-TORCH_LIBRARY_IMPL(pinstage, CPU, m) { m.impl("write_cache_indices", &pinstage::write_cache_indices_cpu); }
+TORCH_LIBRARY_IMPL(pinstage, CPU, m) { m.impl("write_cache_indices", &pinstage::write_cache_indices); }
 
 #ifdef PINSTAGE_WITH_CUDA
-TORCH_LIBRARY_IMPL(pinstage, CUDA, m) { m.impl("write_cache_indices", &pinstage::write_cache_indices_cuda); }
+TORCH_LIBRARY_IMPL(pinstage, CUDA, m) { m.impl("write_cache_indices", &pinstage::write_cache_indices); }
 #endif
 
 TORCH_LIBRARY_IMPL(pinstage, Meta, m) { m.impl("write_cache_indices", &pinstage::write_cache_indices_fake); }

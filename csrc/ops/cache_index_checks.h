@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "convert/dtypes.h"
+#include "convert/tensor_memory.h"
 
 namespace pinstage {
 
@@ -50,9 +51,7 @@ inline void check_prefix_tensor(int64_t i, const at::Tensor& t, const at::Device
                     " but req_to_token is on ", device);
   TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, kOp, ": request ", i,
                    ": prefix_tensors entry must be torch.int64, got ", dtype_name(t.scalar_type()));
-  const bool real_memory = t.layout() == at::kStrided && !t.key_set().has(c10::DispatchKey::Python) &&
-                           !t._is_zerotensor() && t.has_storage() && (t.numel() == 0 || t.const_data_ptr() != nullptr);
-  TORCH_CHECK_TYPE(real_memory, kOp, ": request ", i,
+  TORCH_CHECK_TYPE(has_real_memory(t), kOp, ": request ", i,
                    ": prefix_tensors entry has no memory of its own (a tensor subclass wrapping others, a fake or "
                    "zero tensor); pass the tensor that holds the slots");
   TORCH_CHECK_VALUE(t.dim() == 1, kOp, ": request ", i, ": prefix_tensors entry must be 1-D, got shape ", t.sizes());

@@ -6,10 +6,10 @@
 #include <Python.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/ArrayRef.h>
+#include <c10/util/DimVector.h>
 
 #include <cstdint>
 #include <memory>
-#include <vector>
 
 namespace pinstage {
 
@@ -17,8 +17,11 @@ namespace pinstage {
 // None where a module is not installed). Without it only memoryview and bytearray are read here.
 void register_buffer_types(PyObject* numpy_ndarray, PyObject* numpy_generic, PyObject* array_array);
 
-// A held buffer export. Holding it keeps array.array and bytearray from resizing or freeing the
-// memory until the bytes have been written; numpy does not refuse, hence unchanged().
+// What a buffer export showed: its memory, element type, shape and strides. array.array, bytearray,
+// memoryview and numpy scalars keep the export held until the source is released (it keeps the
+// first two from resizing, and a numpy scalar's export owns the memory it shows); a numpy array's
+// export is released at once, as holding it would not stop numpy from moving the memory
+// (a.resize(n, refcheck=False)): unchanged() checks the array again right before it is read.
 class BufferSource {
  public:
   // How torch.tensor treats the data, which decides how a cast is done.
@@ -41,11 +44,10 @@ class BufferSource {
 
   Kind kind() const { return kind_; }
   c10::ScalarType element_type() const { return element_type_; }
-  const std::vector<int64_t>& shape() const { return shape_; }
+  c10::IntArrayRef shape() const { return shape_; }
 
-  // Whether obj still exports the memory, shape and strides that open() read. numpy lets Python
-  // code resize or replace an array's memory while an export is held (a.resize(n, refcheck=False)),
-  // so the memory is checked again right before it is read.
+  // Whether obj still shows the memory, shape and strides that open() read: re-exported for a numpy
+  // array (Python code may have moved its memory since), true for the kinds whose export is held.
   bool unchanged(PyObject* obj) const;
 
   // Writes every element as `dtype` into dst (room for numel(shape) of them). Returns false, maybe
@@ -54,15 +56,18 @@ class BufferSource {
 
  private:
   void release();
+  // Reads the export's fields into the members; false where torch.tensor must convert the data.
+  bool read_view(const Py_buffer& view);
   bool contiguous() const;
 
-  // On the heap: an exporter may point the view's fields into the struct itself (array.array's
-  // strides do), so it must not move; only the copies below are read after open().
+  // The held export, where one is held. On the heap: an exporter may point the view's fields into
+  // the struct itself (array.array's strides do), so it must not move; only the copies below are
+  // read after open().
   std::unique_ptr<Py_buffer> view_;
   Kind kind_ = Kind::kSequence;
   c10::ScalarType element_type_ = c10::ScalarType::Undefined;
-  std::vector<int64_t> shape_;
-  std::vector<int64_t> element_strides_;
+  c10::DimVector shape_;  // inline up to 5 dimensions, as the plans' shapes: no allocation per item
+  c10::DimVector element_strides_;
   const void* data_ = nullptr;
   int64_t itemsize_ = 0;
 };

@@ -1,20 +1,19 @@
-#include "stage/stage.h"
+#include "tensor/stage.h"
 
 #include <ATen/record_function.h>
 #include <c10/util/SmallVector.h>
 
 #include <cstring>
 #include <string>
-#include <typeinfo>
 
 #include "convert/dtypes.h"
 #include "convert/item_plan.h"
 #include "convert/tensor_memory.h"
 #include "ring/registry.h"
-#include "stage/error_prefix.h"
-#include "stage/lease.h"
-#include "stage/target.h"
-#include "util/py_objects.h"
+#include "values/error_prefix.h"
+#include "copy/lease.h"
+#include "values/target.h"
+#include "values/py_objects.h"
 
 #ifdef PINSTAGE_WITH_CUDA
 #include <ATen/EmptyTensor.h>
@@ -84,7 +83,7 @@ std::vector<at::Tensor> stage_on_device(std::vector<ItemPlan>& plans, const Targ
     size_t fallbacks = 0;
     for (size_t i = 0; i < plans.size(); ++i) {
       uint8_t* dst = plans[i].nbytes > 0 ? region + offsets[i] : nullptr;
-      for_item(i, name_items, [&] { return write_item(plans[i], dst); });
+      for_item(i, name_items, [&] { write_item(plans[i], dst); });
       fallbacks += plans[i].via_fallback ? 1 : 0;  // when planned or when written, as stage_on_cpu counts
     }
     return fallbacks;
@@ -204,20 +203,11 @@ void stage_into(PyObject* data, PyObject* out_obj, PyObject* stream) {
   TORCH_CHECK_VALUE(device.is_cpu() || device.is_cuda(), "pinstage.stage_into: out must be on the CPU or a CUDA device, got ",
                     device.str());
   const int64_t out_numel = out.numel();
-#ifdef PINSTAGE_WITH_CUDA
-  std::optional<c10::cuda::CUDAStream> s;
-  if (device.is_cuda()) {
-    s = stream_on(stream, device.index(), "stage_into");
-    check_not_capturing(*s, "stage_into");
-  }
-#else
-  if (device.is_cuda()) built_without_cuda(device);
-#endif
+  [[maybe_unused]] const Target target = target_on(device, stream, "stage_into");  // no stream on the CPU
   ItemPlan plan = plan_item(data, dtype);
   TORCH_CHECK_VALUE(plan.numel == out_numel, "pinstage.stage_into: data has ", plan.numel, " elements (shape ",
                     c10::IntArrayRef(plan.shape), ") but out has ", out_numel, " (shape ", out.sizes(), ")");
   if (device.is_cpu()) {
-    TORCH_CHECK_VALUE(stream == Py_None, "pinstage.stage_into: out is on the CPU; no stream applies");
     // Through a temporary: a bad element must leave out as it was.
     std::vector<ItemPlan> plans;
     plans.push_back(std::move(plan));
@@ -229,7 +219,7 @@ void stage_into(PyObject* data, PyObject* out_obj, PyObject* stream) {
 #ifdef PINSTAGE_WITH_CUDA
   c10::cuda::CUDAGuard device_guard(device.index());
   copy_through_ring(
-      device.index(), plan.nbytes, s->stream(), [&](uint8_t* region) -> size_t {
+      device.index(), plan.nbytes, target.stream->stream(), [&](uint8_t* region) -> size_t {
         write_item(plan, region);
         return plan.via_fallback ? 1 : 0;  // when planned or when written, as stage_many counts
       },

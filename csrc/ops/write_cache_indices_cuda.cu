@@ -2,7 +2,7 @@
 #include <c10/cuda/CUDAException.h>
 #include <cuda_runtime_api.h>
 
-#include "kernels/write_cache_indices.h"
+#include "ops/write_cache_indices.h"
 
 namespace pinstage {
 namespace {

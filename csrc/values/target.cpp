@@ -1,14 +1,12 @@
-#include "stage/target.h"
+#include "values/target.h"
 
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Stream.h>
-
-#include <pthread.h>
+#include <torch/csrc/utils/device_lazy_init.h>
 
 #include <atomic>
 #include <string>
 
-#include "util/py_objects.h"
 
 #ifdef PINSTAGE_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -20,29 +18,13 @@ namespace pinstage {
 namespace {
 
 std::atomic<bool> g_cuda_initialized{false};
-std::atomic<bool> g_forked_after_cuda{false};
 
-// A child forked after this process used CUDA inherits rings, events and a CUDA context that belong
-// to the parent: it gets a clear error for CUDA (and the CPU path still works), never a hang.
-void mark_forked_child() {
-  if (g_cuda_initialized.load()) g_forked_after_cuda.store(true);
-}
-
-void check_not_forked() {
-  TORCH_CHECK(!g_forked_after_cuda.load(std::memory_order_relaxed),
-              "pinstage: this process was forked after its parent used CUDA, so it cannot use CUDA (the parent's "
-              "rings and events are not its own); start workers with multiprocessing's 'spawn' method. Staging to "
-              "the CPU works here.");
-}
-
-// torch initialises CUDA lazily from Python; the caching allocator needs it done.
+// torch's own lazy CUDA initialisation (torch.cuda._lazy_init: the caching allocator needs it done),
+// which also refuses a child forked after its parent used CUDA ("Cannot re-initialize CUDA in forked
+// subprocess"): torch's fork handler marks the child, so the fast path below is skipped there.
 [[maybe_unused]] void ensure_cuda_initialized() {
-  check_not_forked();
-  if (g_cuda_initialized.load(std::memory_order_acquire)) return;
-  THPObjectPtr module(checked(PyImport_ImportModule("torch.cuda")));
-  THPObjectPtr result(checked(PyObject_CallMethod(module.get(), "_lazy_init", nullptr)));
-  static const int registered = pthread_atfork(nullptr, nullptr, &mark_forked_child);
-  (void)registered;
+  if (g_cuda_initialized.load(std::memory_order_acquire) && !torch::utils::is_device_in_bad_fork(at::kCUDA)) return;
+  torch::utils::device_lazy_init(at::kCUDA);
   g_cuda_initialized.store(true, std::memory_order_release);
 }
 
@@ -164,16 +146,31 @@ Target resolve_target(PyObject* stream, PyObject* device) {
   return t;
 }
 
+Target target_on(const c10::Device& device, PyObject* stream, const char* api) {
+  Target t;
+  t.device = device;
+  if (device.is_cpu()) {
+    TORCH_CHECK_VALUE(stream == Py_None, "pinstage.", api, ": the data is on the CPU; no stream applies");
+    return t;
+  }
+  TORCH_CHECK_VALUE(device.is_cuda(), "pinstage.", api, ": the data is on ", device.str(), "; CUDA or CPU only");
 #ifdef PINSTAGE_WITH_CUDA
-c10::cuda::CUDAStream stream_on(PyObject* stream, c10::DeviceIndex device, const char* api) {
   ensure_cuda_initialized();
-  if (stream == Py_None) return c10::cuda::getCurrentCUDAStream(device);
-  const Target target = resolve_target(stream, Py_None);
-  TORCH_CHECK_VALUE(target.device.index() == device, "pinstage.", api, ": stream is on ", target.device.str(),
-                    " but the tensor is on cuda:", static_cast<int>(device));
-  return *target.stream;
+  if (stream == Py_None) {
+    t.stream = c10::cuda::getCurrentCUDAStream(device.index());
+  } else {
+    t.stream = resolve_target(stream, Py_None).stream;
+    TORCH_CHECK_VALUE(t.stream->device_index() == device.index(), "pinstage.", api, ": stream is on cuda:",
+                      static_cast<int>(t.stream->device_index()), " but the data is on ", device.str());
+  }
+  check_not_capturing(*t.stream, api);
+  return t;
+#else
+  built_without_cuda(device);
+#endif
 }
 
+#ifdef PINSTAGE_WITH_CUDA
 void check_not_capturing(const c10::cuda::CUDAStream& stream, const char* api) {
   TORCH_CHECK(!stream_is_capturing(stream.stream()), "pinstage.", api,
               ": the stream is capturing a CUDA graph. A captured copy would use pinned ring memory that is "
