@@ -179,30 +179,6 @@ class Snapshot:
         self.whole.copy_(self.saved, non_blocking=True)
 
 
-class PackedPinnedBuffer:
-    """The unguarded single copy: a persistent pinned mirror of the static inputs' allocation; each
-    step the host writes every field's rows and fill into it and one copy moves it all. The host
-    rewrites it every step whether or not the last copy has read it: unsafe on reuse, timing only
-    (the baseline StaticInputs' ring is measured against)."""
-
-    def __init__(self, inputs, fields):
-        self.whole = _allocation(inputs)
-        self.host = torch.empty(self.whole.shape, dtype=torch.uint8, pin_memory=self.whole.is_cuda)
-        self.fills = {name: fill for name, (_, fill) in fields.items()}
-        self.columns = {}
-        for name in inputs.names:
-            view = inputs[name]
-            start = view.data_ptr() - self.whole.data_ptr()
-            self.columns[name] = self.host[start : start + view.numel() * view.element_size()].view(view.dtype).numpy()
-
-    def write(self, values, n):
-        for name, v in values.items():
-            column = self.columns[name]
-            column[:n] = v
-            column[n:] = self.fills[name]
-        self.whole.copy_(self.host, non_blocking=True)
-
-
 def _allocation(inputs):
     """A byte tensor over the one allocation behind every view of `inputs` (StaticInputs' layout)."""
     views = [inputs[name] for name in inputs.names]

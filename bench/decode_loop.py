@@ -55,10 +55,10 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 import _report  # noqa: E402
-from _baselines import CpuGpuBuffer, pinned_host  # noqa: E402
+from _baselines import CpuGpuBuffer, PackedPinnedBuffer, pinned_host  # noqa: E402
 import pinstage  # noqa: E402
 from _decode_model import (  # noqa: E402
-    DecodeGraphs, PackedPinnedBuffer, SamplerInputs, Snapshot, TinyDecoder, sample, sleep_cycles_per_us,
+    DecodeGraphs, SamplerInputs, Snapshot, TinyDecoder, sample, sleep_cycles_per_us,
 )
 from pinstage.builders import (  # noqa: E402
     BatchState, Request, SamplingParams, build_logprob_indices, build_sampling_batch, write_cache_indices,
@@ -219,7 +219,7 @@ class Loop:
         self.state = BatchState(capacity=2 * cfg.batch_size) if self.kind.source == "state" else None
         self.vllm = {name: CpuGpuBuffer(graphs.inputs[name]) for name in graphs.fields} \
             if self.kind.copy == "vllm_buffer" else None
-        self.packed = PackedPinnedBuffer(graphs.inputs, graphs.fields) if self.kind.copy == "packed_buffer" else None
+        self.packed = PackedPinnedBuffer(graphs.inputs, {name: fill for name, (_, fill) in graphs.fields.items()}) if self.kind.copy == "packed_buffer" else None
         self.free_rows = list(range(model.rows))
         self.tokens: Dict[int, List[int]] = {}
         self.next_ids = torch.zeros(0, dtype=torch.int64, device=self.dev)

@@ -43,11 +43,14 @@ def test_packed_buffer_writes_rows_and_fills_in_one_copy():
     graphs = _graphs()
     inputs = graphs.inputs
     values = {name: np.arange(3, dtype=inputs[name].numpy().dtype) + 1 for name in inputs.names}
-    _decode_model.PackedPinnedBuffer(inputs, graphs.fields).write(values, 3)
-    for name, (dtype, fill) in graphs.fields.items():
-        expected = torch.cat([torch.tensor(values[name], dtype=dtype),
-                              torch.full((inputs.max_bs - 3,), fill, dtype=dtype)])
-        assert torch.equal(inputs[name], expected), name
+    packed = _baselines.PackedPinnedBuffer(inputs, {name: fill for name, (_, fill) in graphs.fields.items()})
+    packed.write(values, 3)
+    for n in (3, 1):  # after a larger batch, the last field's rows beyond n are refilled too
+        packed.write({name: v[:n] for name, v in values.items()}, n)
+        for name, (dtype, fill) in graphs.fields.items():
+            expected = torch.cat([torch.tensor(values[name][:n], dtype=dtype),
+                                  torch.full((inputs.max_bs - n,), fill, dtype=dtype)])
+            assert torch.equal(inputs[name], expected), (name, n)
 
 
 def test_snapshot_restores_every_static_input():
