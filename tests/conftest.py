@@ -36,6 +36,8 @@ def rng(request):
 @pytest.fixture
 def cuda_ring():
     """The default ring settings back after each CUDA test."""
+    import torch
+
     import pinstage
 
     pinstage.stage_to_device([0], torch.int64)
