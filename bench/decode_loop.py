@@ -25,8 +25,9 @@ values come from and how they reach the device (the table's legend says which pa
   packed_buffer    numpy state -> one persistent pinned buffer laid out like the static inputs -> one
                    copy (the unguarded single copy; it races on reuse like vllm_buffer: timing only)
   pinstage_static  numpy state -> BatchState.stage_static: every field in one StaticInputs.stage, one copy
-  ideal_same_host  the state backends' host work (bookkeeping, the values), then one device-to-device
-                   copy of inputs recorded on the device: its ratio to a state backend is staging alone
+  ideal_same_host  the state backends' host work (bookkeeping, the decode values, the prefill's lists),
+                   then one device-to-device copy of inputs recorded on the device: its ratio to a state
+                   backend is staging alone
   ideal            no host preparation at all: recorded device inputs, one device-to-device copy
 "numpy state" is BatchState's columns (written when a request joins, compacted when requests leave);
 "request objects" is a Python gather over the running requests each step. Prefill inputs and the
@@ -219,7 +220,8 @@ class Loop:
         self.state = BatchState(capacity=2 * cfg.batch_size) if self.kind.source == "state" else None
         self.vllm = {name: CpuGpuBuffer(graphs.inputs[name]) for name in graphs.fields} \
             if self.kind.copy == "vllm_buffer" else None
-        self.packed = PackedPinnedBuffer(graphs.inputs, {name: fill for name, (_, fill) in graphs.fields.items()}) if self.kind.copy == "packed_buffer" else None
+        fills = {name: fill for name, (_, fill) in graphs.fields.items()}
+        self.packed = PackedPinnedBuffer(graphs.inputs, fills) if self.kind.copy == "packed_buffer" else None
         self.free_rows = list(range(model.rows))
         self.tokens: Dict[int, List[int]] = {}
         self.next_ids = torch.zeros(0, dtype=torch.int64, device=self.dev)
@@ -276,9 +278,10 @@ class Loop:
             new.append(Running(spec, self.free_rows.pop(0), cfg.prefix_len if spec.use_prefix else 0))
         return new
 
-    def prefill_inputs(self, new):
-        m, max_ctx = self.model, self.cfg.max_ctx
-        b = self.kind.builders
+    def prefill_values(self, new):
+        """The prefill's per-token and per-request lists: host bookkeeping, which ideal_same_host
+        does too."""
+        max_ctx = self.cfg.max_ctx
         rows = [r.request.req_pool_idx for r in new]
         prefix_lens = [r.prefix_len for r in new]
         extend_lens = [len(r.spec.prompt) for r in new]
@@ -286,11 +289,20 @@ class Loop:
         starts = [r.spec.logprob_start for r in new]
         token_rows = [row for row, e in zip(rows, extend_lens) for _ in range(e)]
         positions = [p + i for p, e in zip(prefix_lens, extend_lens) for i in range(e)]
+        ids = [t for r in new for t in r.spec.prompt]
+        locations = [row * max_ctx + pos for row, pos in zip(token_rows, positions)]
+        return rows, prefix_lens, extend_lens, seq_lens, starts, token_rows, positions, ids, locations
+
+    def prefill_inputs(self, new):
+        m = self.model
+        b = self.kind.builders
+        rows, prefix_lens, extend_lens, seq_lens, starts, token_rows, positions, ids, locations = \
+            self.prefill_values(new)
         ids, rows_d, pos_d, loc_d, req_rows, seq_d = self.stage([
-            ([t for r in new for t in r.spec.prompt], torch.int64),
+            (ids, torch.int64),
             (token_rows, torch.int64),
             (positions, torch.int64),
-            ([row * max_ctx + pos for row, pos in zip(token_rows, positions)], torch.int64),
+            (locations, torch.int64),
             (rows, torch.int64),
             (seq_lens, torch.int64),
         ])
@@ -411,7 +423,8 @@ class Loop:
         the GPU waited for the host."""
         self.step_prep = 0.0
         new = self.admit()
-        prefill_staged = self.prepared(lambda: self.prefill_inputs(new)) if new else None
+        prefill_staged = (self.prepared(lambda: self.prefill_inputs(new), lambda: self.prefill_values(new))
+                          if new else None)
         for r in new:
             r.generated = 1
             r.request.output_ids.append(PENDING)  # its first token, sampled by the prefill
