@@ -300,3 +300,27 @@ def test_cuda_op_refuses_a_capturing_stream(rng):
     run(batch)
     torch.cuda.synchronize()
     assert torch.equal(batch["req_to_token"].cpu(), reference(batch))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_op_computes_the_offsets_from_host_values(rng, device):
+    """out_cache_offsets=None (the pinstage builder's one call): the op checks the CPU per-request
+    values and lays the requests' new tokens out one after another, as the host plan's offsets do;
+    values already on the device need the planned offsets."""
+    batch = random_batch(rng, 6, device)
+    expected = reference(batch)
+    table, rows, prefixes, prefix_lens, seq_lens, extend_lens, out_cache_loc = batch.values()
+    cpu = [torch.tensor(v, dtype=torch.int64) for v in (rows, prefix_lens, seq_lens)]
+    offsets = torch.ops.pinstage.cache_index_plan(table, prefixes, *cpu, torch.tensor(extend_lens), out_cache_loc)
+    torch.ops.pinstage.write_cache_indices(table, *cpu[:1], prefixes, *cpu[1:], offsets, out_cache_loc)
+    planned = table.clone()
+    table.fill_(SENTINEL)
+    torch.ops.pinstage.write_cache_indices(table, *cpu[:1], prefixes, *cpu[1:], None, out_cache_loc)
+    assert torch.equal(table.cpu(), planned.cpu()) and torch.equal(table.cpu(), expected)
+    with pytest.raises(ValueError, match=r"extend_lens add up to \d+ but out_cache_loc has 3 elements"):
+        torch.ops.pinstage.write_cache_indices(table, *cpu[:1], prefixes, *cpu[1:], None, out_cache_loc[:3])
+    if device == "cuda":
+        on_device = [t.to(device) for t in cpu]
+        with pytest.raises(ValueError, match="out_cache_offsets may be None only when the per-request values are CPU"):
+            torch.ops.pinstage.write_cache_indices(table, *on_device[:1], prefixes, *on_device[1:], None,
+                                                   out_cache_loc)

@@ -7,6 +7,7 @@
 #include <torch/library.h>
 
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -56,7 +57,8 @@ PrefixTable prefix_table(at::TensorList prefix_tensors, int64_t batch, const at:
 std::pair<CacheIndexParams, PrefixTable> checked_params(const at::Tensor& req_to_token,
                                                         const at::Tensor& req_pool_indices,
                                                         at::TensorList prefix_tensors, const at::Tensor& prefix_lens,
-                                                        const at::Tensor& seq_lens, const at::Tensor& out_cache_offsets,
+                                                        const at::Tensor& seq_lens,
+                                                        const std::optional<at::Tensor>& out_cache_offsets,
                                                         const at::Tensor& out_cache_loc, bool cpu_too) {
   check_req_to_token(req_to_token);
   const at::Device device = req_to_token.device();
@@ -65,7 +67,13 @@ std::pair<CacheIndexParams, PrefixTable> checked_params(const at::Tensor& req_to
   check_per_request(req_pool_indices, "req_pool_indices", at::kLong, batch, device, cpu_too);
   check_per_request(prefix_lens, "prefix_lens", at::kLong, batch, device, cpu_too);
   check_per_request(seq_lens, "seq_lens", at::kLong, batch, device, cpu_too);
-  check_per_request(out_cache_offsets, "out_cache_offsets", at::kLong, batch, device, cpu_too);
+  if (out_cache_offsets) {
+    check_per_request(*out_cache_offsets, "out_cache_offsets", at::kLong, batch, device, cpu_too);
+  } else {
+    TORCH_CHECK_VALUE(req_pool_indices.is_cpu() && prefix_lens.is_cpu() && seq_lens.is_cpu(), kOp,
+                      ": out_cache_offsets may be None only when the per-request values are CPU tensors (the "
+                      "offsets are then computed from them on the host)");
+  }
   check_out_cache_loc(out_cache_loc, device);
   CacheIndexParams p{};
   p.req_to_token = req_to_token.data_ptr<int32_t>();
@@ -78,26 +86,44 @@ std::pair<CacheIndexParams, PrefixTable> checked_params(const at::Tensor& req_to
   return {p, prefix_table(prefix_tensors, batch, device)};
 }
 
-// The per-request values are CPU tensors, as req_to_token is.
-void write_on_cpu(CacheIndexParams& p, const PrefixTable& table, const at::Tensor& req_pool_indices,
-                  const at::Tensor& prefix_lens, const at::Tensor& seq_lens, const at::Tensor& out_cache_offsets) {
+// Per-request values on the host: every request checked before anything is written (a bad request
+// leaves req_to_token untouched), and where out_cache_offsets is None, the offsets computed (each
+// request's extend span follows the previous one's) into `computed`, which must outlive p.
+void check_on_host(CacheIndexParams& p, const PrefixTable& table, const at::Tensor& req_pool_indices,
+                   const at::Tensor& prefix_lens, const at::Tensor& seq_lens,
+                   const std::optional<at::Tensor>& out_cache_offsets, std::vector<int64_t>& computed) {
   p.req_pool_indices = req_pool_indices.const_data_ptr<int64_t>();
   p.prefix_lens = prefix_lens.const_data_ptr<int64_t>();
   p.seq_lens = seq_lens.const_data_ptr<int64_t>();
-  p.out_cache_offsets = out_cache_offsets.const_data_ptr<int64_t>();
-  // Every value is checked before the first write, so a bad request leaves req_to_token untouched.
+  if (!out_cache_offsets) computed.resize(static_cast<size_t>(p.batch));
+  const int64_t* given = out_cache_offsets ? out_cache_offsets->const_data_ptr<int64_t>() : nullptr;
+  int64_t running = 0;
   for (int64_t i = 0; i < p.batch; ++i) {
     check_request_span(i, p.req_pool_indices[i], p.prefix_lens[i], p.seq_lens[i], p.rows, p.max_context_len);
     // Bounds as subtractions that cannot overflow: 0 <= prefix <= seq was checked above.
     const int64_t extend_len = p.seq_lens[i] - p.prefix_lens[i];
-    const int64_t offset = p.out_cache_offsets[i];
-    TORCH_CHECK_VALUE(offset >= 0 && offset <= p.out_cache_len && extend_len <= p.out_cache_len - offset, kOp,
-                      ": request ", i, ": out_cache_offsets is ", offset, " with ", extend_len,
+    const int64_t offset = given != nullptr ? given[i] : running;
+    // Computed offsets lie inside out_cache_loc once they add up to its length (checked below).
+    TORCH_CHECK_VALUE(given == nullptr || (offset >= 0 && offset <= p.out_cache_len &&
+                                           extend_len <= p.out_cache_len - offset),
+                      kOp, ": request ", i, ": out_cache_offsets is ", offset, " with ", extend_len,
                       " new tokens, outside out_cache_loc (", p.out_cache_len, " elements)");
     TORCH_CHECK_VALUE(p.prefix_lens[i] <= table.numels[static_cast<size_t>(i)], kOp, ": request ", i,
                       ": prefix_tensors entry has ", table.numels[static_cast<size_t>(i)],
                       " elements but prefix_lens is ", p.prefix_lens[i]);
+    if (given == nullptr) {
+      computed[static_cast<size_t>(i)] = offset;
+      TORCH_CHECK_VALUE(!__builtin_add_overflow(running, extend_len, &running), kOp,
+                        ": extend_lens add up to more than 2**63");
+    }
   }
+  TORCH_CHECK_VALUE(given != nullptr || running == p.out_cache_len, kOp, ": extend_lens add up to ", running,
+                    " but out_cache_loc has ", p.out_cache_len, " elements");
+  p.out_cache_offsets = given != nullptr ? given : computed.data();
+}
+
+// Everything on the CPU and checked (check_on_host).
+void write_on_cpu(const CacheIndexParams& p, const PrefixTable& table) {
   for (int64_t i = 0; i < p.batch; ++i) {
     int32_t* dst = p.req_to_token + p.req_pool_indices[i] * p.row_stride;
     const auto* cached = reinterpret_cast<const int64_t*>(table.pointers[static_cast<size_t>(i)]);
@@ -110,12 +136,13 @@ void write_on_cpu(CacheIndexParams& p, const PrefixTable& table, const at::Tenso
 }
 
 #ifdef PINSTAGE_WITH_CUDA
-// Values stay on the device (reading them would make the host wait): cache_index_plan checked them
-// before they were staged, and the kernel skips rows out of bounds. The prefix table, and the
-// per-request values passed on the CPU, go to the device in ONE copy through the staging ring.
+// Device values stay on the device (reading them would make the host wait): cache_index_plan
+// checked them before they were staged, and the kernel skips rows out of bounds. The prefix table,
+// and the per-request values on the host (offsets computed by check_on_host among them), go to the
+// device in ONE copy through the staging ring.
 void write_on_cuda(CacheIndexParams& p, const PrefixTable& table, const at::Tensor& req_to_token,
                    const at::Tensor& req_pool_indices, const at::Tensor& prefix_lens, const at::Tensor& seq_lens,
-                   const at::Tensor& out_cache_offsets) {
+                   const std::optional<at::Tensor>& out_cache_offsets) {
   if (p.batch == 0) return;
   const c10::cuda::CUDAGuard guard(req_to_token.device());
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(req_to_token.device().index());
@@ -136,7 +163,9 @@ void write_on_cuda(CacheIndexParams& p, const PrefixTable& table, const at::Tens
       {nullptr, &req_pool_indices, &p.req_pool_indices},
       {nullptr, &prefix_lens, &p.prefix_lens},
       {nullptr, &seq_lens, &p.seq_lens},
-      {nullptr, &out_cache_offsets, &p.out_cache_offsets},
+      // None: the offsets check_on_host computed.
+      {out_cache_offsets ? nullptr : p.out_cache_offsets, out_cache_offsets ? &*out_cache_offsets : nullptr,
+       &p.out_cache_offsets},
   };
   size_t total = 0;
   for (Column& c : columns) {
@@ -165,25 +194,41 @@ void write_on_cuda(CacheIndexParams& p, const PrefixTable& table, const at::Tens
 }
 #endif
 
-// The op's CPU and CUDA kernel: one set of checks, then the loop or the kernel for req_to_token's device.
+// The op's CPU and CUDA kernel: one set of checks, then the loop or the kernel for req_to_token's
+// device. Per-request values on the CPU are checked on the host (all of them, for the CPU op).
 void write_cache_indices(const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
                          at::TensorList prefix_tensors, const at::Tensor& prefix_lens, const at::Tensor& seq_lens,
-                         const at::Tensor& out_cache_offsets, const at::Tensor& out_cache_loc) {
+                         const std::optional<at::Tensor>& out_cache_offsets, const at::Tensor& out_cache_loc) {
   const bool on_cuda = req_to_token.is_cuda();
   auto checked = checked_params(req_to_token, req_pool_indices, prefix_tensors, prefix_lens, seq_lens,
                                 out_cache_offsets, out_cache_loc, /*cpu_too=*/on_cuda);
+  CacheIndexParams& p = checked.first;
+  const bool host_values = req_pool_indices.is_cpu() && prefix_lens.is_cpu() && seq_lens.is_cpu() &&
+                           (!out_cache_offsets || out_cache_offsets->is_cpu());
+  std::vector<int64_t> computed_offsets;
+  if (host_values) check_on_host(p, checked.second, req_pool_indices, prefix_lens, seq_lens, out_cache_offsets,
+                                 computed_offsets);
   if (!on_cuda) {
-    write_on_cpu(checked.first, checked.second, req_pool_indices, prefix_lens, seq_lens, out_cache_offsets);
+    write_on_cpu(p, checked.second);
     return;
   }
 #ifdef PINSTAGE_WITH_CUDA
-  write_on_cuda(checked.first, checked.second, req_to_token, req_pool_indices, prefix_lens, seq_lens,
-                out_cache_offsets);
+  write_on_cuda(p, checked.second, req_to_token, req_pool_indices, prefix_lens, seq_lens, out_cache_offsets);
 #endif
 }
 
-void write_cache_indices_fake(const at::Tensor&, const at::Tensor&, at::TensorList, const at::Tensor&,
-                              const at::Tensor&, const at::Tensor&, const at::Tensor&) {}
+// Fake tensors (torch.compile's tracing) write nothing. A meta tensor among real ones also lands
+// here (Meta outranks CPU and CUDA in dispatch): refused, as the real kernels refuse it.
+void write_cache_indices_fake(const at::Tensor& req_to_token, const at::Tensor&, at::TensorList prefix_tensors,
+                              const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                              const at::Tensor& out_cache_loc) {
+  check_out_cache_loc(out_cache_loc, req_to_token.device());
+  for (size_t i = 0; i < prefix_tensors.size(); ++i) {
+    TORCH_CHECK_VALUE(prefix_tensors[i].device() == req_to_token.device(), kOp, ": request ", i,
+                      ": prefix_tensors entry is on ", prefix_tensors[i].device(), " but req_to_token is on ",
+                      req_to_token.device());
+  }
+}
 
 }  // namespace
 }  // namespace pinstage

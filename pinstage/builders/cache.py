@@ -50,23 +50,48 @@ def write_cache_indices(
     # A copy taken before the ints are read: reading one can run Python code (an __index__) that
     # changes the list.
     prefix_tensors = list(prefix_tensors)
-    for i, t in enumerate(prefix_tensors):
-        if not issubclass(type(t), torch.Tensor):
-            raise TypeError(f"write_cache_indices: request {i}: prefix_tensors entry must be a tensor, got "
-                            f"{type(t).__name__}")
     columns = _int64_columns(req_pool_indices, prefix_lens, seq_lens, extend_lens)
-    offsets = torch.ops.pinstage.cache_index_plan(req_to_token, prefix_tensors, *columns, out_cache_loc)
-    rows, prefixes, lengths, _ = columns
-    values = [rows, prefixes, lengths, offsets]
-    if backend != "pinstage":
-        # The op copies CPU values itself (with the prefix table, in one copy); the other backends
-        # move them first, the way they are timed against it.
-        values = stage([(v, torch.int64) for v in values], backend, stream, req_to_token.device)
-    rows_v, prefixes_v, lengths_v, offsets_v = values
+    rows, prefixes, lengths, extends = columns
+    if backend == "pinstage":
+        # One op: it checks the CPU values on the host, computes each request's offset in
+        # out_cache_loc and copies them with the prefix table in one copy. extend_lens only has to
+        # agree; where it does not, the host plan names the first request that is wrong.
+        n = len(rows)
+        if not (len(prefixes) == len(lengths) == len(extends) == n and torch.equal(extends, lengths - prefixes)):
+            _plan(req_to_token, prefix_tensors, columns, out_cache_loc)
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            _call(torch.ops.pinstage.write_cache_indices, prefix_tensors, req_to_token, rows, prefix_tensors,
+                  prefixes, lengths, None, out_cache_loc)
+        return
+    # The other backends move the values (and the planned offsets) first, the way they are timed
+    # against the op's own copy.
+    offsets = _plan(req_to_token, prefix_tensors, columns, out_cache_loc)
+    rows_v, prefixes_v, lengths_v, offsets_v = stage(
+        [(v, torch.int64) for v in (rows, prefixes, lengths, offsets)], backend, stream, req_to_token.device)
     with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
         torch.ops.pinstage.write_cache_indices(
             req_to_token, rows_v, prefix_tensors, prefixes_v, lengths_v, offsets_v, out_cache_loc
         )
+
+
+def _plan(req_to_token, prefix_tensors, columns, out_cache_loc):
+    """Each request's offset in out_cache_loc, after the host plan's checks of the whole batch."""
+    return _call(torch.ops.pinstage.cache_index_plan, prefix_tensors, req_to_token, prefix_tensors, *columns,
+                 out_cache_loc)
+
+
+def _call(op, prefix_tensors, *args):
+    """op(*args), with torch's error for a prefix_tensors entry that is no tensor (a RuntimeError from
+    its argument parser) replaced by a TypeError naming the request (looked for only once the op has
+    refused the call)."""
+    try:
+        return op(*args)
+    except (TypeError, RuntimeError):
+        for i, t in enumerate(prefix_tensors):
+            if not issubclass(type(t), torch.Tensor):
+                raise TypeError(f"write_cache_indices: request {i}: prefix_tensors entry must be a tensor, got "
+                                f"{type(t).__name__}") from None
+        raise
 
 
 def _int64_columns(
