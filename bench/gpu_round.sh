@@ -7,7 +7,8 @@
 #   leaves one round.tgz in $OUT, as a lease may bring back only a few files)
 #   Engine code (SGLang, vLLM) is read from .engines/ (carry it: nothing downloads there).
 #   TESTS_SECONDS, REST_SECONDS, BENCH_SECONDS (each benchmark), DECODE_SECONDS: the time boxes;
-#   DECODE_ARGS: the decode loop's arguments (default "--steps 300 --repeats 3", about 5 minutes).
+#   DECODE_ARGS: the decode loop's arguments (default "--steps 300 --repeats 3", about 5 minutes);
+#   MICROBENCH_ARGS: more microbenchmark arguments (e.g. "--repeats 9").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-bench/out/gpu}"
@@ -85,7 +86,7 @@ fi
 b="${BENCH_SECONDS:-120}"
 if has bench; then
   stamp "microbenchmark"
-  boxed microbench "$b" python3 bench/microbench.py $quick --json "$OUT/microbench.json"
+  boxed microbench "$b" python3 bench/microbench.py $quick ${MICROBENCH_ARGS:-} --json "$OUT/microbench.json"
   sed -n '/^Checks/,$p' "$OUT/microbench.log"
   stamp "StaticInputs"
   boxed static_inputs "$b" python3 bench/static_inputs.py $quick --json "$OUT/static_inputs.json"
