@@ -36,7 +36,8 @@ summary() { grep -E "passed|failed|error" "$OUT/$1.log" | tail -n 2; grep -E "^(
 
 {
   echo "date_utc: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  # The tree a lease carries may sit on a stale .git: the caller can name the commit it sent.
+  echo "commit: ${PINSTAGE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
   nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.max.sm --format=csv
   python3 -c "import torch, sys; print('python', sys.version.split()[0]); print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"
   echo "cpus: $(nproc)"

@@ -1,4 +1,5 @@
 """Shared pieces of the builder tests: devices, the three backends, tensor equality, a busy stream."""
+import gpu_busy
 import pytest
 import staging_reference
 import torch
@@ -10,7 +11,7 @@ BATCH_SIZES = [0, 1, 37, 4096]
 
 # Far longer than any builder call on any GPU (about 25 ms on an H200): the stream is still busy
 # when a builder that does not wait for it returns.
-BUSY_CYCLES = 50_000_000
+BUSY_MS = 25
 
 
 def random_requests(rng, bs):
@@ -73,10 +74,7 @@ def run_while_stream_busy(build, stream):
     synchronising."""
     import pinstage.testing
 
-    with torch.cuda.stream(stream):
-        torch.cuda._sleep(BUSY_CYCLES)
-        done = torch.cuda.Event()
-        done.record(stream)
+    done = gpu_busy.busy(BUSY_MS, stream)
     with pinstage.testing.no_sync():
         result = build()
     return result, not done.query()

@@ -360,6 +360,20 @@ def test_buffers_torch_refuses_or_reads_elementwise(dtype):
     check(array.array("d", [0.5, -1.5, 2**70, -(2**70)]), dtype)
 
 
+@pytest.mark.parametrize("np_type", [np.int8, np.int16, np.float32, np.int64, np.float64, np.bool_, np.uint16])
+def test_strided_arrays_of_the_requested_type_are_gathered_in_row_major_order(np_type):
+    """A strided numpy array of the requested element type is gathered in C++ (not by torch's copy
+    kernel): every layout must give torch.tensor's values, in its order, without a fallback."""
+    a = (np.random.default_rng(7).random((7, 6, 5, 4)) * 100).astype(np_type)
+    dtype = torch.from_numpy(a).dtype
+    before = _fallbacks()
+    for view in (a[:, 0], a[::2], a[:, ::3, 1], a.transpose(3, 1, 0, 2), a[..., 0][::2, ::2], a[:, :, :, 0:1],
+                 np.broadcast_to(a[0, 0, 0], (3, 4)), a[2:4, 0, 0], a[:, 1:4][:, :, ::2]):
+        assert not view.flags["C_CONTIGUOUS"]
+        check(view, dtype, what=f"shape {view.shape} strides {view.strides}")
+    assert _fallbacks() == before
+
+
 def _fallbacks():
     return pinstage.stats(device="cpu")["fallbacks"]
 

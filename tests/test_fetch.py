@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+import gpu_busy
 import pinstage
 from builders_support import DEVICES
 from staging_reference import DTYPES, dtype_name
@@ -17,17 +18,12 @@ from tensor_kinds import WrapperTensor
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SMALL_RING = 4096
-BUSY_CYCLES = 100_000_000  # far longer than the host work behind it, on any GPU
+BUSY_MS = 50  # far longer than the host work behind it, on any GPU
 
 
 def busy(stream=None):
     """A long kernel on `stream`; returns an event that completes after it."""
-    stream = stream or torch.cuda.current_stream()
-    with torch.cuda.stream(stream):
-        torch.cuda._sleep(BUSY_CYCLES)
-        done = torch.cuda.Event()
-        done.record(stream)
-    return done
+    return gpu_busy.busy(BUSY_MS, stream)
 
 
 def sample(dtype, shape, seed):

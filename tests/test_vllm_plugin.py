@@ -12,11 +12,12 @@ import textwrap
 import tomllib
 import types
 
+import gpu_busy
 import numpy as np
 import pytest
 import staging_reference
 import torch
-from builders_support import BUSY_CYCLES, DEVICES, assert_same_tensor
+from builders_support import BUSY_MS, DEVICES, assert_same_tensor
 
 import pinstage
 import pinstage.testing
@@ -316,9 +317,7 @@ def _steps_behind_busy_kernel(vllm, steps, n):
     wanted = [(np.arange(n) + k * n).astype(np.int32) for k in range(steps)]
     step(wanted[0])  # loads the kernels and allocates the ring before the clock matters
     torch.cuda.synchronize()
-    torch.cuda._sleep(BUSY_CYCLES)
-    busy = torch.cuda.Event()
-    busy.record()
+    busy = gpu_busy.busy(BUSY_MS)
     with pinstage.testing.no_sync():
         reads = [step(values) for values in wanted]
     still_busy = not busy.query()

@@ -66,7 +66,11 @@ std::shared_ptr<PendingFetch> PendingFetch::start(const std::vector<at::Tensor>&
   const Target target = target_on(device, stream, api);
   if (device.is_cpu()) {
     for (const at::Tensor& t : tensors) {
-      handle->host_.push_back(t.detach().resolve_conj().resolve_neg().clone(at::MemoryFormat::Contiguous));
+      // Resolving a conjugate or negative bit makes a copy of its own: cloned only if still strided.
+      const at::Tensor resolved = t.detach().resolve_conj().resolve_neg();
+      const bool fresh = t.is_conj() || t.is_neg();
+      handle->host_.push_back(fresh && resolved.is_contiguous() ? resolved
+                                                               : resolved.clone(at::MemoryFormat::Contiguous));
     }
     return handle;
   }

@@ -3,6 +3,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/SmallVector.h>
 
 #include <cstring>
 #include <type_traits>
@@ -77,6 +78,43 @@ bool store_element(const S& v, T* out) {
     return store_int<T>(static_cast<long long>(v), out);
   } else {
     return false;  // half elements: not read as sequences (see open())
+  }
+}
+
+// `count` elements of N bytes, `stride` bytes apart, packed into dst.
+template <size_t N>
+void copy_elements(uint8_t* dst, const uint8_t* src, int64_t count, int64_t stride) {
+  for (int64_t i = 0; i < count; ++i) std::memcpy(dst + i * static_cast<int64_t>(N), src + i * stride, N);
+}
+
+// The elements of a strided array in row-major order, packed into dst, as torch's copy kernel
+// gathers them for a copy of the same dtype, without its setup (which costs more than the gather
+// for the short columns engines stage: a [n, 3] column's slice, say). Strides are non-negative.
+void gather_strided(uint8_t* dst, const uint8_t* src, c10::IntArrayRef shape, c10::IntArrayRef element_strides,
+                    size_t itemsize) {
+  const size_t inner = shape.size() - 1;
+  const int64_t row = shape[inner];
+  const int64_t step = element_strides[inner] * static_cast<int64_t>(itemsize);
+  const size_t row_bytes = static_cast<size_t>(row) * itemsize;
+  c10::SmallVector<int64_t, 5> index(inner, 0);
+  for (;;) {
+    int64_t offset = 0;
+    for (size_t d = 0; d < inner; ++d) offset += index[d] * element_strides[d];
+    const uint8_t* from = src + offset * static_cast<int64_t>(itemsize);
+    if (step == static_cast<int64_t>(itemsize)) {
+      std::memcpy(dst, from, row_bytes);
+    } else {
+      switch (itemsize) {
+        case 1: copy_elements<1>(dst, from, row, step); break;
+        case 2: copy_elements<2>(dst, from, row, step); break;
+        case 4: copy_elements<4>(dst, from, row, step); break;
+        default: copy_elements<8>(dst, from, row, step); break;
+      }
+    }
+    dst += row_bytes;
+    size_t d = inner;
+    while (d > 0 && ++index[d - 1] == shape[d - 1]) index[--d] = 0;
+    if (d == 0) return;
   }
 }
 
@@ -195,13 +233,18 @@ bool BufferSource::write(c10::ScalarType dtype, void* dst) const {
   // A sequence's '?' bytes are read as Python bools (any nonzero byte is True), never copied: a
   // byte of 2 or 255 is not a valid bool.
   const bool sequence_of_bools = kind_ == Kind::kSequence && element_type_ == c10::ScalarType::Bool;
-  if (dtype == element_type_ && contiguous() && !sequence_of_bools) {
-    std::memcpy(dst, data_, static_cast<size_t>(numel) * itemsize);
+  if (dtype == element_type_ && !sequence_of_bools) {
+    if (contiguous()) {
+      std::memcpy(dst, data_, static_cast<size_t>(numel) * itemsize);
+    } else {
+      gather_strided(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(data_), shape_, element_strides_,
+                     itemsize);
+    }
     return true;
   }
   if (kind_ == Kind::kNumpyArray) {
-    // torch.tensor(array, dtype=...) is torch.from_numpy(array).to(dtype): torch's own copy kernel,
-    // which also gathers a strided array. Python dispatch modes are kept out of it.
+    // torch.tensor(array, dtype=...) is torch.from_numpy(array).to(dtype): torch's own copy kernel
+    // for the cast (and the gather of a strided array). Python dispatch modes are kept out of it.
     c10::impl::ExcludeDispatchKeyGuard no_python(c10::DispatchKeySet(
         {c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
     const at::Tensor src = at::from_blob(const_cast<void*>(data_), shape_, element_strides_,
