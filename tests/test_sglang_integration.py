@@ -378,3 +378,28 @@ def test_patched_functions_do_not_wait_for_the_gpu(sg, device):
             else:
                 result = step()
             assert as_data(result) == expected[name], name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_write_cache_indices_leaves_other_prefix_dtypes_to_sglang(sg, device):
+    """Requests without a cached prefix share SGLang's empty CPU tensor (accepted: never read); a
+    prefix tensor of another dtype than int64 is refused by pinstage's op before anything is
+    written, and SGLang's own function then fills the table: the same rows either way."""
+    import sglang_stubs
+
+    def run(prefix_dtype):
+        world = sglang_stubs.SchedulerWorld(sg, device)
+        out_cache_loc = world.allocator.alloc(3)
+        rows = torch.tensor([1, 2, 3])
+        lens = [torch.tensor(v) for v in ([0, 2, 0], [1, 3, 1], [1, 1, 1])]  # prefix, seq, extend
+        prefix = [sg.allocation._EMPTY_PREFIX, world.allocator.alloc(2).to(prefix_dtype), sg.allocation._EMPTY_PREFIX]
+        world.pool.req_to_token.zero_()
+        sg.allocation.write_cache_indices(out_cache_loc, rows.to(device), rows, lens[0].to(device), lens[0],
+                                          lens[1].to(device), lens[1], lens[2].to(device), lens[2], prefix,
+                                          world.pool)
+        return world.pool.req_to_token[1:4].cpu()
+
+    for dtype in (torch.int64, torch.int32):
+        expected = run(dtype)
+        with pinstage_sglang.enabled():
+            assert torch.equal(run(dtype), expected), dtype

@@ -43,12 +43,19 @@ inline void check_per_request(const at::Tensor& t, const char* name, at::ScalarT
                     " but req_to_token is on ", device);
 }
 
+// An empty prefix (a request without a cached one) is never read: any device will do, as SGLang
+// passes one empty CPU tensor for all of them. A meta tensor among real ones routes the call to the
+// op's fake kernel, which refuses it by this same check.
+inline void check_prefix_device(int64_t i, const at::Tensor& t, const at::Device& device) {
+  TORCH_CHECK_VALUE(t.device() == device || (t.numel() == 0 && !t.is_meta()), kOp, ": request ", i,
+                    ": prefix_tensors entry is on ", t.device(), " but req_to_token is on ", device);
+}
+
 // Request i's cached prefix, whose address the op takes: an int64 1-D tensor on `device` with real
 // memory of its own (a wrapper subclass or a fake tensor has a Python dispatch key and often a null
 // data pointer; the kernel would read address 0). Checks metadata only, never values.
 inline void check_prefix_tensor(int64_t i, const at::Tensor& t, const at::Device& device) {
-  TORCH_CHECK_VALUE(t.device() == device, kOp, ": request ", i, ": prefix_tensors entry is on ", t.device(),
-                    " but req_to_token is on ", device);
+  check_prefix_device(i, t, device);
   TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, kOp, ": request ", i,
                    ": prefix_tensors entry must be torch.int64, got ", dtype_name(t.scalar_type()));
   TORCH_CHECK_TYPE(has_real_memory(t), kOp, ": request ", i,

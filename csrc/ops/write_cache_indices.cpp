@@ -224,9 +224,7 @@ void write_cache_indices_fake(const at::Tensor& req_to_token, const at::Tensor&,
                               const at::Tensor& out_cache_loc) {
   check_out_cache_loc(out_cache_loc, req_to_token.device());
   for (size_t i = 0; i < prefix_tensors.size(); ++i) {
-    TORCH_CHECK_VALUE(prefix_tensors[i].device() == req_to_token.device(), kOp, ": request ", i,
-                      ": prefix_tensors entry is on ", prefix_tensors[i].device(), " but req_to_token is on ",
-                      req_to_token.device());
+    check_prefix_device(static_cast<int64_t>(i), prefix_tensors[i], req_to_token.device());
   }
 }
 

@@ -14,30 +14,29 @@ from pinstage.builders import write_cache_indices as pinstage_write_cache_indice
 
 def make_write_cache_indices(sglang_write_cache_indices, table_write):
     """The function to install; `table_write` is ReqToTokenPool.write, the plain table store."""
-    empty_prefix = {}  # device -> an empty int64 tensor there
 
     def write_cache_indices(out_cache_loc, req_pool_indices_tensor, req_pool_indices_cpu, prefix_lens_tensor,
                             prefix_lens_cpu, seq_lens_tensor, seq_lens_cpu, extend_lens_tensor, extend_lens_cpu,
                             prefix_tensors, req_to_token_pool):
-        table = req_to_token_pool.req_to_token
-        device = table.device
-        if device not in empty_prefix:
-            empty_prefix[device] = torch.empty(0, dtype=torch.int64, device=device)
-        # A request without a cached prefix gets SGLang's one empty CPU tensor: never read, but the
-        # kernel's plan wants every prefix on the table's device.
-        prefixes = [t if t.numel() or t.device == device else empty_prefix[device] for t in prefix_tensors]
-        if (
-            type(req_to_token_pool).write is not table_write
-            or table.dtype != torch.int32
-            or out_cache_loc.dtype != torch.int64
-            or any(t.dtype != torch.int64 for t in prefixes)
-        ):
+        def sglangs():
             return sglang_write_cache_indices(
                 out_cache_loc, req_pool_indices_tensor, req_pool_indices_cpu, prefix_lens_tensor, prefix_lens_cpu,
                 seq_lens_tensor, seq_lens_cpu, extend_lens_tensor, extend_lens_cpu, prefix_tensors,
                 req_to_token_pool)
-        pinstage_write_cache_indices(table, req_pool_indices_cpu, prefixes, prefix_lens_cpu, seq_lens_cpu,
-                                     extend_lens_cpu, out_cache_loc)
+
+        table = req_to_token_pool.req_to_token
+        if type(req_to_token_pool).write is not table_write or table.dtype != torch.int32 \
+                or out_cache_loc.dtype != torch.int64:
+            return sglangs()
+        # The requests without a cached prefix share SGLang's one empty CPU tensor, which the op
+        # accepts (it is never read). A prefix tensor of another dtype is refused (TypeError) before
+        # anything is written: SGLang's function then does it its way. The op checks every entry in
+        # C++, so no Python loop over the prefix tensors runs here.
+        try:
+            pinstage_write_cache_indices(table, req_pool_indices_cpu, prefix_tensors, prefix_lens_cpu, seq_lens_cpu,
+                                         extend_lens_cpu, out_cache_loc)
+        except TypeError:
+            return sglangs()
         return None
 
     return write_cache_indices
