@@ -221,8 +221,9 @@ def test_a_prefix_tensor_without_memory_of_its_own_is_refused_on_the_host(device
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
 def test_cuda_op_takes_cpu_values_and_device_values_alike(rng):
     """The CUDA op copies CPU per-request values with its prefix table (one copy), or reads device
-    ones where they are: both write the reference rows, and a prefix_lens beyond a prefix tensor's
-    length is skipped by the kernel (the host cannot read device values without waiting)."""
+    ones where they are: both write the reference rows. A prefix_lens beyond a prefix tensor's
+    length is refused on the host when the values are there, and skipped by the kernel when they
+    are on the device (the host cannot read them without waiting)."""
     batch = random_batch(rng, 6, "cuda")
     offsets = torch.ops.pinstage.cache_index_plan(
         batch["req_to_token"], batch["prefix_tensors"],
@@ -239,11 +240,15 @@ def test_cuda_op_takes_cpu_values_and_device_values_alike(rng):
         assert torch.equal(batch["req_to_token"].cpu(), reference(batch)), where
     batch["req_to_token"].fill_(SENTINEL)
     short = [p[:0] for p in batch["prefix_tensors"]]
-    torch.ops.pinstage.write_cache_indices(batch["req_to_token"], *cpu[:1], short, *cpu[1:], offsets,
+    with pytest.raises(ValueError, match="prefix_tensors entry has 0 elements but prefix_lens is"):
+        torch.ops.pinstage.write_cache_indices(batch["req_to_token"], *cpu[:1], short, *cpu[1:], offsets,
+                                               batch["out_cache_loc"])
+    rows_d, prefix_d, seq_d, offsets_d = (t.cuda() for t in (*cpu, offsets))
+    torch.ops.pinstage.write_cache_indices(batch["req_to_token"], rows_d, short, prefix_d, seq_d, offsets_d,
                                            batch["out_cache_loc"])
     torch.cuda.synchronize()
     skipped = [row for row, p in zip(batch["req_pool_indices"], batch["prefix_lens"]) if p > 0]
-    assert (batch["req_to_token"][skipped] == SENTINEL).all()
+    assert skipped and (batch["req_to_token"][skipped] == SENTINEL).all()
 
 
 def test_an_index_method_that_mutates_the_other_lists_reads_a_snapshot():
