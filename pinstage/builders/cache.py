@@ -2,7 +2,7 @@
 write_cache_indices does before a prefill: the cached prefix's slots at [0, prefix_len), the newly
 allocated slots (its slice of out_cache_loc) at [prefix_len, seq_len)."""
 import contextlib
-from typing import Any, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -74,13 +74,14 @@ def write_cache_indices(
         )
 
 
-def _plan(req_to_token, prefix_tensors, columns, out_cache_loc):
+def _plan(req_to_token: torch.Tensor, prefix_tensors: List[torch.Tensor], columns: Tuple[torch.Tensor, ...],
+          out_cache_loc: torch.Tensor) -> torch.Tensor:
     """Each request's offset in out_cache_loc, after the host plan's checks of the whole batch."""
     return _call(torch.ops.pinstage.cache_index_plan, prefix_tensors, req_to_token, prefix_tensors, *columns,
                  out_cache_loc)
 
 
-def _call(op, prefix_tensors, *args):
+def _call(op: Callable[..., Any], prefix_tensors: List[torch.Tensor], *args: Any) -> Any:
     """op(*args), with torch's error for a prefix_tensors entry that is no tensor (a RuntimeError from
     its argument parser) replaced by a TypeError naming the request (looked for only once the op has
     refused the call)."""
