@@ -77,8 +77,9 @@ def write_cache_indices(
 def _plan(req_to_token: torch.Tensor, prefix_tensors: List[torch.Tensor], columns: Tuple[torch.Tensor, ...],
           out_cache_loc: torch.Tensor) -> torch.Tensor:
     """Each request's offset in out_cache_loc, after the host plan's checks of the whole batch."""
-    return _call(torch.ops.pinstage.cache_index_plan, prefix_tensors, req_to_token, prefix_tensors, *columns,
-                 out_cache_loc)
+    offsets: torch.Tensor = _call(torch.ops.pinstage.cache_index_plan, prefix_tensors, req_to_token, prefix_tensors,
+                                  *columns, out_cache_loc)
+    return offsets
 
 
 def _call(op: Callable[..., Any], prefix_tensors: List[torch.Tensor], *args: Any) -> Any:

@@ -53,8 +53,10 @@ def logprob_index_tensors(
             _raise_first_invalid(lens.tolist(), starts.tolist())
     # The index arithmetic is one pass in C++ (numpy's ~20 whole-array operations cost more than the
     # staging at small batches).
-    return torch.ops.pinstage.logprob_indices(torch.from_numpy(np.ascontiguousarray(lens, dtype=np.int64)),
-                                              torch.from_numpy(np.ascontiguousarray(starts, dtype=np.int64)))
+    indices: Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] = torch.ops.pinstage.logprob_indices(
+        torch.from_numpy(np.ascontiguousarray(lens, dtype=np.int64)),
+        torch.from_numpy(np.ascontiguousarray(starts, dtype=np.int64)))
+    return indices
 
 
 _INT64_MAX = 2**63 - 1
