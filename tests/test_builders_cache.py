@@ -191,8 +191,12 @@ def test_compiled_op_checks_tensor_arguments():
                                                torch.arange(1))
     with pytest.raises(ValueError, match="prefix_tensors has 2 entries but req_pool_indices has 1"):
         torch.ops.pinstage.write_cache_indices(table, rows_t, prefixes * 2, prefix_t, seq_t, offsets_t, torch.arange(1))
-    with pytest.raises(ValueError, match="seq_lens must be a contiguous 1-D tensor of 1 elements"):
+    # One count message for the op and its host plan; then the shape.
+    with pytest.raises(ValueError, match="seq_lens has 2 entries but req_pool_indices has 1"):
         torch.ops.pinstage.write_cache_indices(table, rows_t, prefixes, prefix_t, torch.arange(2), offsets_t, torch.arange(1))
+    with pytest.raises(ValueError, match="seq_lens must be a contiguous 1-D tensor of 1 elements"):
+        torch.ops.pinstage.write_cache_indices(table, rows_t, prefixes, prefix_t, torch.ones(1, 1, dtype=torch.int64),
+                                               offsets_t, torch.arange(1))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -203,8 +207,8 @@ def test_a_prefix_tensor_without_memory_of_its_own_is_refused_on_the_host(device
     out_cache_loc = torch.tensor([9], dtype=torch.int64, device=device)
     for prefix in (WrapperTensor(torch.arange(4, device=device)), torch._efficientzerotensor(4, device=device,
                                                                                          dtype=torch.int64)):
-        # Through the dispatcher (the builder's host plan is an op too) a zero tensor arrives
-        # materialised as a stride-0 expansion: refused as not contiguous.
+        # Through the dispatcher (the builder calls the op) a zero tensor arrives materialised as a
+        # stride-0 expansion: refused as not contiguous.
         refused = pytest.raises((TypeError, ValueError),
                                 match="request 0: prefix_tensors entry (has no memory|must be contig)")
         with refused:
@@ -324,8 +328,14 @@ def test_the_op_computes_the_offsets_from_host_values(rng, device):
     assert torch.equal(table.cpu(), planned.cpu()) and torch.equal(table.cpu(), expected)
     with pytest.raises(ValueError, match=r"extend_lens add up to \d+ but out_cache_loc has 3 elements"):
         torch.ops.pinstage.write_cache_indices(table, *cpu[:1], prefixes, *cpu[1:], None, out_cache_loc[:3])
+    wrong = torch.tensor(extend_lens) + torch.tensor([0] * 5 + [1])
+    with pytest.raises(ValueError, match=r"request 5: extend_lens \(\d+\) != seq_lens - prefix_lens"):
+        torch.ops.pinstage.write_cache_indices(table, *cpu[:1], prefixes, *cpu[1:], None, out_cache_loc, wrong)
     if device == "cuda":
         on_device = [t.to(device) for t in cpu]
         with pytest.raises(ValueError, match="out_cache_offsets may be None only when the per-request values are CPU"):
             torch.ops.pinstage.write_cache_indices(table, *on_device[:1], prefixes, *on_device[1:], None,
                                                    out_cache_loc)
+        with pytest.raises(ValueError, match="extend_lens is checked on the host"):
+            torch.ops.pinstage.write_cache_indices(table, *on_device[:1], prefixes, *on_device[1:],
+                                                   offsets.to(device), out_cache_loc, torch.tensor(extend_lens))

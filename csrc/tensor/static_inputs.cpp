@@ -60,14 +60,14 @@ StaticInputs::StaticInputs(const std::vector<StaticFieldSpec>& specs, int64_t ma
   std::vector<std::vector<int64_t>> shapes;
   for (const StaticFieldSpec& spec : specs) {
     Field f{THPObjectPtr(checked(PyUnicode_FromStringAndSize(spec.name.data(), static_cast<Py_ssize_t>(spec.name.size())))),
-            spec.name, "field '" + spec.name + "'", spec.dtype, spec.row_shape, 0, 0, 0};
+            spec.name, spec.dtype, spec.row_shape, 0, 0, 0};
     for (int64_t s : spec.row_shape) {
-      TORCH_CHECK_VALUE(s >= 0, "pinstage.StaticInputs: ", f.label, " has a negative dimension in its shape ",
+      TORCH_CHECK_VALUE(s >= 0, "pinstage.StaticInputs: ", f.label(), " has a negative dimension in its shape ",
                         c10::IntArrayRef(spec.row_shape));
     }
     TORCH_CHECK(spec.fill.defined() && spec.fill.device().is_cpu() && spec.fill.scalar_type() == spec.dtype &&
                     spec.fill.numel() == 1,
-                "pinstage.StaticInputs: ", f.label, ": fill must be one CPU value of its dtype");
+                "pinstage.StaticInputs: ", f.label(), ": fill must be one CPU value of its dtype");
     f.row_bytes = checked_nbytes(spec.row_shape, spec.dtype, &f.row_numel);
     std::vector<int64_t> shape{max_bs};
     shape.insert(shape.end(), spec.row_shape.begin(), spec.row_shape.end());
@@ -114,7 +114,7 @@ StaticInputs::StaticInputs(const std::vector<StaticFieldSpec>& specs, int64_t ma
 
 template <class Fn>
 auto StaticInputs::for_field(size_t i, Fn&& fn) const -> decltype(fn()) {
-  return with_error_prefix([&] { return std::string(kStage) + ": " + fields_[i].label; }, std::forward<Fn>(fn));
+  return with_error_prefix([&] { return std::string(kStage) + ": " + fields_[i].label(); }, std::forward<Fn>(fn));
 }
 
 void StaticInputs::stage(PyObject* values, PyObject* n_arg, PyObject* stream) {
@@ -148,7 +148,7 @@ std::vector<THPObjectPtr> StaticInputs::field_values(PyObject* values) const {
   for (const Field& f : fields_) {
     PyObject* v = PyDict_GetItemWithError(values, f.name.get());
     if (v == nullptr) {
-      if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "%s: no values for %s", kStage, f.label.c_str());
+      if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "%s: no values for %s", kStage, f.label().c_str());
       throw PythonError();
     }
     out.push_back(THPObjectPtr::dup(v));  // held: Python code run later may remove it from the dict

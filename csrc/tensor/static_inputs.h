@@ -49,7 +49,7 @@ class StaticInputs {
     // The dict key looked up each stage; mutable because THPObjectPtr::get() const is const PyObject*.
     mutable THPObjectPtr name;
     std::string name_text;
-    std::string label;  // "field 'name'", for error messages
+    std::string label() const { return "field '" + name_text + "'"; }  // for error messages
     c10::ScalarType dtype;
     std::vector<int64_t> row_shape;
     int64_t row_numel;

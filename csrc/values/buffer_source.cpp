@@ -3,7 +3,6 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
-#include <c10/util/SmallVector.h>
 
 #include <cstring>
 #include <type_traits>
@@ -96,7 +95,7 @@ void gather_strided(uint8_t* dst, const uint8_t* src, c10::IntArrayRef shape, c1
   const int64_t row = shape[inner];
   const int64_t step = element_strides[inner] * static_cast<int64_t>(itemsize);
   const size_t row_bytes = static_cast<size_t>(row) * itemsize;
-  c10::SmallVector<int64_t, 5> index(inner, 0);
+  c10::DimVector index(inner, 0);
   for (;;) {
     int64_t offset = 0;
     for (size_t d = 0; d < inner; ++d) offset += index[d] * element_strides[d];

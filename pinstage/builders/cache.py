@@ -53,15 +53,12 @@ def write_cache_indices(
     columns = _int64_columns(req_pool_indices, prefix_lens, seq_lens, extend_lens)
     rows, prefixes, lengths, extends = columns
     if backend == "pinstage":
-        # One op: it checks the CPU values on the host, computes each request's offset in
-        # out_cache_loc and copies them with the prefix table in one copy. extend_lens only has to
-        # agree; where it does not, the host plan names the first request that is wrong.
-        n = len(rows)
-        if not (len(prefixes) == len(lengths) == len(extends) == n and torch.equal(extends, lengths - prefixes)):
-            _plan(req_to_token, prefix_tensors, columns, out_cache_loc)
+        # One op: it checks the CPU values on the host (extend_lens against the lengths too),
+        # computes each request's offset in out_cache_loc and copies them with the prefix table in
+        # one copy.
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             _call(torch.ops.pinstage.write_cache_indices, prefix_tensors, req_to_token, rows, prefix_tensors,
-                  prefixes, lengths, None, out_cache_loc)
+                  prefixes, lengths, None, out_cache_loc, extends)
         return
     # The other backends move the values (and the planned offsets) first, the way they are timed
     # against the op's own copy.
@@ -76,7 +73,7 @@ def write_cache_indices(
 
 def _plan(req_to_token: torch.Tensor, prefix_tensors: List[torch.Tensor], columns: Tuple[torch.Tensor, ...],
           out_cache_loc: torch.Tensor) -> torch.Tensor:
-    """Each request's offset in out_cache_loc, after the host plan's checks of the whole batch."""
+    """Each request's offset in out_cache_loc, after the op's host checks of the whole batch."""
     offsets: torch.Tensor = _call(torch.ops.pinstage.cache_index_plan, prefix_tensors, req_to_token, prefix_tensors,
                                   *columns, out_cache_loc)
     return offsets
