@@ -227,6 +227,7 @@ class Loop:
         self.next_ids = torch.zeros(0, dtype=torch.int64, device=self.dev)
         self.inflight = []  # (read-back handle, request ids in batch order)
         self.prep_s, self.step_prep, self.step_events = [], 0.0, []
+        self.prefill_steps = []  # per step in prep_s: whether requests joined (a prefill ran)
         self.record, self.replay = record, None if replay is None else iter(replay)
         self.filling = True  # until the batch first reaches its size, requests are admitted every step
         self.filled = 0  # rows of the static inputs holding live addresses (the per-field copies pad the rest)
@@ -452,6 +453,7 @@ class Loop:
         if bs:
             self.retire(tokens)
         self.prep_s.append(self.step_prep)
+        self.prefill_steps.append(bool(new))
         self.read_back()
         self.step_index += 1
 
@@ -513,6 +515,7 @@ def run_backend(backend, cfg, model, graphs, specs, record=None, replay=None):
     if loop.cuda:
         torch.cuda.synchronize()
     loop.prep_s.clear()
+    loop.prefill_steps.clear()
     loop.step_events.clear()
 
     def produced():
@@ -533,9 +536,16 @@ def run_backend(backend, cfg, model, graphs, specs, record=None, replay=None):
         "steps": steps,
         "tokens_per_s": generated / wall,
         "steps_per_s": steps / wall,
-        "prep_us_per_step": 1e6 * float(np.median(loop.prep_s)) if loop.prep_s else 0.0,
+        "prep_us_per_step": _median_us(loop.prep_s) or 0.0,
+        # The two kinds of step apart: a prefill step also builds the prefill's inputs.
+        "decode_prep_us": _median_us([t for t, p in zip(loop.prep_s, loop.prefill_steps) if not p]),
+        "prefill_prep_us": _median_us([t for t, p in zip(loop.prep_s, loop.prefill_steps) if p]),
         "gpu_idle_fraction": gpu_idle_fraction(loop.step_events) if loop.cuda else None,
     }
+
+
+def _median_us(seconds):
+    return 1e6 * float(np.median(seconds)) if seconds else None
 
 
 def gpu_idle_fraction(events):
@@ -593,7 +603,8 @@ def summarize(runs):
     ideal = [m["tokens_per_s"] for m in runs.get("ideal", [])]
     for name, metrics in runs.items():
         summary = {"runs": metrics}
-        for key in ("tokens_per_s", "prep_us_per_step", "gpu_idle_fraction", "requests_with_other_tokens"):
+        for key in ("tokens_per_s", "prep_us_per_step", "decode_prep_us", "prefill_prep_us", "gpu_idle_fraction",
+                    "requests_with_other_tokens"):
             values = [m[key] for m in metrics if m[key] is not None]
             summary[key] = statistics.median(values) if values else None
             summary[key + "_range"] = [min(values), max(values)] if values else None
@@ -652,24 +663,31 @@ def _fraction(s):
 
 def print_tables(rows):
     """Per forward time: each backend's tokens/s as a fraction of the ideal's (median [min-max] over
-    the rounds), and its median host preparation per step."""
+    the rounds), then its median host preparation on decode-only steps and on steps with a prefill."""
     names = [n for n in BACKENDS if n in rows[0]["backends"]]
     for ms in sorted({r["forward_ms"] for r in rows}):
         cells = [r for r in rows if r["forward_ms"] == ms]
         print()
-        print("forward %.1f ms: tokens/s as a fraction of the ideal's, median [min-max] of %d rounds; "
-              "prep us per step" % (ms, len(cells[0]["backends"]["ideal"]["runs"])))
-        table = [["backend"] + ["bs %d" % r["batch_size"] for r in cells] + ["prep us (bs %s)" % "/".join(
-            str(r["batch_size"]) for r in cells)]]
+        print("forward %.1f ms: tokens/s as a fraction of the ideal's, median [min-max] of %d rounds"
+              % (ms, len(cells[0]["backends"]["ideal"]["runs"])))
+        table = [["backend"] + ["bs %d" % r["batch_size"] for r in cells]]
         for name in names:
-            table.append([name] + [_fraction(r["backends"][name]) for r in cells]
-                         + [" / ".join("%.0f" % r["backends"][name]["prep_us_per_step"] for r in cells)])
-        table.append(["ideal tokens/s"] + ["%.0f" % r["backends"]["ideal"]["tokens_per_s"] for r in cells] + [""])
+            table.append([name] + [_fraction(r["backends"][name]) for r in cells])
+        table.append(["ideal tokens/s"] + ["%.0f" % r["backends"]["ideal"]["tokens_per_s"] for r in cells])
         for label, (a, b) in GAINS.items():
             if a in names and b in names:
                 table.append([label] + ["%.3fx" % (r["backends"][a]["tokens_per_s"] / r["backends"][b]["tokens_per_s"])
-                                        for r in cells] + [""])
+                                        for r in cells])
         _report.print_table(table)
+        print()
+        print("forward %.1f ms: host prep us per step, median: decode-only steps / steps with a prefill" % ms)
+        prep = [["backend"] + ["bs %d" % r["batch_size"] for r in cells]]
+        for name in names:
+            prep.append([name] + ["%s / %s" % tuple("-" if r["backends"][name][k] is None else
+                                                    "%.0f" % r["backends"][name][k]
+                                                    for k in ("decode_prep_us", "prefill_prep_us"))
+                                  for r in cells])
+        _report.print_table(prep)
     print()
     for name in names:
         print("  %-16s %s" % (name, BACKENDS[name].title))
