@@ -198,6 +198,27 @@ def assert_nothing_staged(inputs, ref, device, what):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_a_stage_entered_from_a_conversion_raises_and_stages_nothing(device):
+    """An element's __index__ that stages the same inputs again would move the dirty-row mark under
+    the outer copy: the inner call raises, the outer one fails naming its field, nothing is staged
+    by either, and the inputs stage normally afterwards."""
+    inputs, ref = staged_state(device)
+    inner = step_values(FIELDS, 2, seeded_rng("inner"))
+
+    class StagesAgain:
+        def __index__(self):
+            inputs.stage(inner, 2)
+            return 1
+
+    values = step_values(FIELDS, 4, seeded_rng("outer"))
+    values["top_ks"] = [StagesAgain()] + list(values["top_ks"][1:])
+    with pytest.raises(RuntimeError, match="already being staged") as err:
+        inputs.stage(values, 4)
+    assert "top_ks" in str(err.value)
+    assert_nothing_staged(inputs, ref, device, "a re-entered stage")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_missing_and_unknown_fields(device):
     inputs, ref = staged_state(device)
     values = step_values(FIELDS, 4, seeded_rng("missing"))

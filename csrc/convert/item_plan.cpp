@@ -190,6 +190,11 @@ void write_item(ItemPlan& plan, void* dst) {
   write_fallback(plan, dst);
 }
 
+void write_fresh_item(ItemPlan& plan, void* dst) {
+  if (plan.source != ItemPlan::Source::kBuffer) return write_item(plan, dst);
+  if (!plan.buffer.write(plan.dtype, dst)) write_fallback(plan, dst);
+}
+
 at::Tensor cpu_values(ItemPlan& plan) {
   if (plan.source == ItemPlan::Source::kHeld) return plan.tensor;
   at::Tensor out;

@@ -58,6 +58,10 @@ ItemPlan plan_item(PyObject* data, c10::ScalarType dtype);
 // via_fallback); throws (PythonError) when that raises.
 void write_item(ItemPlan& plan, void* dst);
 
+// write_item for a plan that plan_source (and convert_by_fallback) made just now, with no Python
+// code run since: a buffer's memory is read as its export showed it, without checking it again.
+void write_fresh_item(ItemPlan& plan, void* dst);
+
 // The plan's values as a fresh CPU tensor (for results on the CPU).
 at::Tensor cpu_values(ItemPlan& plan);
 

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <memory>
 
 #include "ring/options.h"
 #include "ring/registry.h"
@@ -49,6 +48,23 @@ int64_t rows_arg(PyObject* n, int64_t max_bs) {
   }
   return rows;
 }
+
+// Marks the inputs as being staged for one stage() call; a second one meanwhile would move the
+// dirty-row mark under the first one's copy.
+class StagingScope {
+ public:
+  explicit StagingScope(bool& staging) : staging_(staging) {
+    TORCH_CHECK(!staging_, kStage, ": these inputs are already being staged (by Python code that a conversion "
+                "ran, or by another thread); one StaticInputs has one writer; nothing was staged");
+    staging_ = true;
+  }
+  ~StagingScope() { staging_ = false; }
+  StagingScope(const StagingScope&) = delete;
+  StagingScope& operator=(const StagingScope&) = delete;
+
+ private:
+  bool& staging_;
+};
 
 }  // namespace
 
@@ -101,7 +117,7 @@ StaticInputs::StaticInputs(const std::vector<StaticFieldSpec>& specs, int64_t ma
                          .view(shapes[i]));
   }
   // Every row at its fill, by the path a stage takes.
-  std::vector<ItemPlan> no_values;
+  FieldValues no_values;
   if (device_.is_cpu()) {
     copy_to_host_buffer(no_values, 0, max_bs_);
   } else {
@@ -121,29 +137,25 @@ void StaticInputs::stage(PyObject* values, PyObject* n_arg, PyObject* stream) {
   const int64_t n = rows_arg(n_arg, max_bs_);
   // No stream on the CPU.
   [[maybe_unused]] const Target target = target_on(device_, stream, "StaticInputs.stage");
-  std::vector<THPObjectPtr> data = field_values(values);
-  std::vector<ItemPlan> plans;
-  plans.reserve(fields_.size());
-  for (size_t i = 0; i < fields_.size(); ++i) {
-    plans.push_back(for_field(i, [&] { return plan_source(data[i].get(), fields_[i].dtype); }));
-    finish_plan_in_order(plans, [&](size_t k, auto&& fn) { for_field(k, fn); });
-    for_field(i, [&] { check_rows(i, plans.back(), n); });
-  }
+  const StagingScope scope(staging_);
+  FieldValues data = field_values(values);
+  // The copy's extent depends on n alone, so the region is taken first and each field is converted
+  // straight into it.
   const int64_t last_rows = std::max(n, dirty_rows_);
   if (device_.is_cpu()) {
-    copy_to_host_buffer(plans, n, last_rows);
+    copy_to_host_buffer(data, n, last_rows);
   } else {
 #ifdef PINSTAGE_WITH_CUDA
-    copy_to_device(plans, n, last_rows, *target.stream);
+    copy_to_device(data, n, last_rows, *target.stream);
 #endif
   }
   dirty_rows_ = n;
 }
 
-std::vector<THPObjectPtr> StaticInputs::field_values(PyObject* values) const {
+StaticInputs::FieldValues StaticInputs::field_values(PyObject* values) const {
   TORCH_CHECK_TYPE(PyDict_Check(values), kStage, ": values must be a dict of field name -> values, got ",
                    Py_TYPE(values)->tp_name);
-  std::vector<THPObjectPtr> out;
+  FieldValues out;
   out.reserve(fields_.size());
   for (const Field& f : fields_) {
     PyObject* v = PyDict_GetItemWithError(values, f.name.get());
@@ -179,14 +191,17 @@ size_t StaticInputs::bytes_through(int64_t rows) const {
   return fields_.back().offset + static_cast<size_t>(rows) * fields_.back().row_bytes;
 }
 
-size_t StaticInputs::write_region(uint8_t* region, std::vector<ItemPlan>& plans, int64_t n, int64_t last_rows) const {
+size_t StaticInputs::write_region(uint8_t* region, FieldValues& data, int64_t n, int64_t last_rows) const {
   size_t fallbacks = 0;
   for (size_t i = 0; i < fields_.size(); ++i) {
     const Field& f = fields_[i];
-    if (!plans.empty()) {
-      ItemPlan& plan = plans[i];
-      for_field(i, [&] { write_item(plan, plan.nbytes > 0 ? region + f.offset : nullptr); });
-      fallbacks += plan.via_fallback ? 1 : 0;
+    if (!data.empty()) {
+      for_field(i, [&] {
+        ItemPlan plan = plan_item(data[i].get(), f.dtype);  // a fallback's Python code runs here
+        check_rows(i, plan, n);
+        write_fresh_item(plan, plan.nbytes > 0 ? region + f.offset : nullptr);
+        fallbacks += plan.via_fallback ? 1 : 0;
+      });
     }
     const size_t rows_end = static_cast<size_t>(i + 1 == fields_.size() ? last_rows : max_bs_);
     const size_t from = f.offset + static_cast<size_t>(n) * f.row_bytes;
@@ -202,24 +217,23 @@ void StaticInputs::check_storage_intact() const {
               "being converted; a graph captured its old address; nothing was staged");
 }
 
-void StaticInputs::copy_to_host_buffer(std::vector<ItemPlan>& plans, int64_t n, int64_t last_rows) {
-  // Through a temporary region of its own (not a member: Python code a conversion runs may stage
-  // again): a bad value in a later field must leave the views as they were.
+void StaticInputs::copy_to_host_buffer(FieldValues& data, int64_t n, int64_t last_rows) {
+  // Through a region of its own: a bad value in a later field must leave the views as they were.
   const size_t bytes = bytes_through(last_rows);
-  const std::unique_ptr<uint8_t[]> region(new uint8_t[std::max<size_t>(bytes, 1)]);
-  const size_t fallbacks = write_region(region.get(), plans, n, last_rows);
+  host_region_.resize(std::max<size_t>(bytes, 1));
+  const size_t fallbacks = write_region(host_region_.data(), data, n, last_rows);
   check_storage_intact();
-  if (bytes > 0) std::memcpy(buffer_.data_ptr(), region.get(), bytes);
+  if (bytes > 0) std::memcpy(buffer_.data_ptr(), host_region_.data(), bytes);
   cpu_counters().record(bytes, 0, fallbacks);
 }
 
 #ifdef PINSTAGE_WITH_CUDA
-void StaticInputs::copy_to_device(std::vector<ItemPlan>& plans, int64_t n, int64_t last_rows,
+void StaticInputs::copy_to_device(FieldValues& data, int64_t n, int64_t last_rows,
                                   const c10::cuda::CUDAStream& stream) {
   c10::cuda::CUDAGuard device_guard(device_.index());
   copy_through_ring(
       device_.index(), bytes_through(last_rows), stream.stream(),
-      [&](uint8_t* region) { return write_region(region, plans, n, last_rows); },
+      [&](uint8_t* region) { return write_region(region, data, n, last_rows); },
       [&]() -> void* {
         check_storage_intact();
         if (stream != *allocation_stream_ &&

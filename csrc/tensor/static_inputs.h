@@ -37,8 +37,8 @@ class StaticInputs {
   StaticInputs& operator=(const StaticInputs&) = delete;
 
   // values: a dict with every field's values (n rows each, anything stage_to_device takes). An error
-  // names the field and stages nothing. Not for concurrent use from several threads: one set of
-  // graph inputs has one writer.
+  // names the field and stages nothing. One set of graph inputs has one writer: a stage() entered
+  // while another runs (from a conversion's Python code, or another thread) raises.
   void stage(PyObject* values, PyObject* n, PyObject* stream);
 
   const std::vector<at::Tensor>& views() const { return views_; }
@@ -57,19 +57,22 @@ class StaticInputs {
     size_t offset;  // in the allocation, and in every ring region
   };
 
-  std::vector<THPObjectPtr> field_values(PyObject* values) const;
+  using FieldValues = std::vector<THPObjectPtr>;  // one per field, in field order; empty: fills only
+  FieldValues field_values(PyObject* values) const;
   // Runs fn() with errors naming field i.
   template <class Fn>
   auto for_field(size_t i, Fn&& fn) const -> decltype(fn());
   void check_rows(size_t i, const ItemPlan& plan, int64_t n) const;
   // Bytes [0, end) of the allocation where the last field's first `rows` rows end: what one copy covers.
   size_t bytes_through(int64_t rows) const;
-  // Writes the fields' values (none when plans is empty) and fill rows into `region`, which mirrors
-  // the allocation up to bytes_through(last_rows); returns how many fields went through torch.tensor.
-  size_t write_region(uint8_t* region, std::vector<ItemPlan>& plans, int64_t n, int64_t last_rows) const;
-  void copy_to_host_buffer(std::vector<ItemPlan>& plans, int64_t n, int64_t last_rows);
+  // Converts each field's values straight into `region` (which mirrors the allocation up to
+  // bytes_through(last_rows)) as it is planned, then its fill rows; returns how many fields went
+  // through torch.tensor. A field's Python code (a fallback) runs after the fields before it are
+  // written, so it cannot change them.
+  size_t write_region(uint8_t* region, FieldValues& data, int64_t n, int64_t last_rows) const;
+  void copy_to_host_buffer(FieldValues& data, int64_t n, int64_t last_rows);
 #ifdef PINSTAGE_WITH_CUDA
-  void copy_to_device(std::vector<ItemPlan>& plans, int64_t n, int64_t last_rows, const c10::cuda::CUDAStream& stream);
+  void copy_to_device(FieldValues& data, int64_t n, int64_t last_rows, const c10::cuda::CUDAStream& stream);
 #endif
   // Python code run during a conversion (the fallback) could shrink the allocation's storage.
   void check_storage_intact() const;
@@ -85,6 +88,8 @@ class StaticInputs {
   // whole (the copy runs to the last field's rows), so only the last one's rows beyond n can be
   // stale from an earlier, larger n; the copy extends over them. Read and written with the GIL held.
   int64_t dirty_rows_;
+  bool staging_ = false;  // a stage() is running (with the GIL held, or waiting for ring room)
+  std::vector<uint8_t> host_region_;  // the CPU path's region: one stage() at a time uses it
 #ifdef PINSTAGE_WITH_CUDA
   std::optional<c10::cuda::CUDAStream> allocation_stream_;
   // Streams other than the allocating one that copied into the allocation: the caching allocator
