@@ -45,6 +45,14 @@ def pinned_tensor(values, dtype, device):
     return pinned_host(values, dtype, pin=device.type == "cuda").to(device, non_blocking=True)
 
 
+def allocation_bytes(inputs):
+    """A byte tensor over the one allocation behind every view of a pinstage.StaticInputs."""
+    views = [inputs[name] for name in inputs.names]
+    storage = views[0].untyped_storage()
+    assert all(v.untyped_storage().data_ptr() == storage.data_ptr() for v in views), "not one allocation"
+    return torch.empty(0, dtype=torch.uint8, device=views[0].device).set_(storage)
+
+
 class PackedPinnedBuffer:
     """The unguarded single copy: a persistent pinned mirror of a pinstage.StaticInputs allocation,
     written and copied by StaticInputs' own rule: every field's n rows, its fill in rows n..max_bs,
@@ -55,8 +63,7 @@ class PackedPinnedBuffer:
 
     def __init__(self, inputs, fills):
         views = [inputs[name] for name in inputs.names]
-        storage = views[0].untyped_storage()
-        self.whole = torch.empty(0, dtype=torch.uint8, device=views[0].device).set_(storage)
+        self.whole = allocation_bytes(inputs)
         self.host = torch.empty(self.whole.shape, dtype=torch.uint8, pin_memory=self.whole.is_cuda)
         host = self.host.numpy()
         base = self.whole.data_ptr()

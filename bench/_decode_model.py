@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import pinstage
+from _baselines import allocation_bytes
 from pinstage.builders import TOP_K_ALL
 
 
@@ -172,19 +173,11 @@ class Snapshot:
     """A device copy of every static input, taken once, restored with one device-to-device copy."""
 
     def __init__(self, inputs):
-        self.whole = _allocation(inputs)
+        self.whole = allocation_bytes(inputs)
         self.saved = self.whole.clone()
 
     def restore(self):
         self.whole.copy_(self.saved, non_blocking=True)
-
-
-def _allocation(inputs):
-    """A byte tensor over the one allocation behind every view of `inputs` (StaticInputs' layout)."""
-    views = [inputs[name] for name in inputs.names]
-    storage = views[0].untyped_storage()
-    assert all(v.untyped_storage().data_ptr() == storage.data_ptr() for v in views), "not one allocation"
-    return torch.empty(0, dtype=torch.uint8, device=views[0].device).set_(storage)
 
 
 def sampler_inputs(views):

@@ -226,8 +226,7 @@ class Loop:
         self.tokens: Dict[int, List[int]] = {}
         self.next_ids = torch.zeros(0, dtype=torch.int64, device=self.dev)
         self.inflight = []  # (read-back handle, request ids in batch order)
-        self.prep_s, self.step_prep, self.step_events = [], 0.0, []
-        self.prefill_steps = []  # per step in prep_s: whether requests joined (a prefill ran)
+        self.prep_s, self.step_prep, self.step_events = [], 0.0, []  # prep_s: (seconds, prefill ran) per step
         self.record, self.replay = record, None if replay is None else iter(replay)
         self.filling = True  # until the batch first reaches its size, requests are admitted every step
         self.filled = 0  # rows of the static inputs holding live addresses (the per-field copies pad the rest)
@@ -452,8 +451,7 @@ class Loop:
             self.step_events.append((begin, end))
         if bs:
             self.retire(tokens)
-        self.prep_s.append(self.step_prep)
-        self.prefill_steps.append(bool(new))
+        self.prep_s.append((self.step_prep, bool(new)))
         self.read_back()
         self.step_index += 1
 
@@ -515,7 +513,6 @@ def run_backend(backend, cfg, model, graphs, specs, record=None, replay=None):
     if loop.cuda:
         torch.cuda.synchronize()
     loop.prep_s.clear()
-    loop.prefill_steps.clear()
     loop.step_events.clear()
 
     def produced():
@@ -536,10 +533,10 @@ def run_backend(backend, cfg, model, graphs, specs, record=None, replay=None):
         "steps": steps,
         "tokens_per_s": generated / wall,
         "steps_per_s": steps / wall,
-        "prep_us_per_step": _median_us(loop.prep_s) or 0.0,
+        "prep_us_per_step": _median_us([t for t, _ in loop.prep_s]) or 0.0,
         # The two kinds of step apart: a prefill step also builds the prefill's inputs.
-        "decode_prep_us": _median_us([t for t, p in zip(loop.prep_s, loop.prefill_steps) if not p]),
-        "prefill_prep_us": _median_us([t for t, p in zip(loop.prep_s, loop.prefill_steps) if p]),
+        "decode_prep_us": _median_us([t for t, prefill in loop.prep_s if not prefill]),
+        "prefill_prep_us": _median_us([t for t, prefill in loop.prep_s if prefill]),
         "gpu_idle_fraction": gpu_idle_fraction(loop.step_events) if loop.cuda else None,
     }
 

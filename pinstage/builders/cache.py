@@ -56,27 +56,19 @@ def write_cache_indices(
         # One op: it checks the CPU values on the host (extend_lens against the lengths too),
         # computes each request's offset in out_cache_loc and copies them with the prefix table in
         # one copy.
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            _call(torch.ops.pinstage.write_cache_indices, prefix_tensors, req_to_token, rows, prefix_tensors,
-                  prefixes, lengths, None, out_cache_loc, extends)
-        return
-    # The other backends move the values (and the planned offsets) first, the way they are timed
-    # against the op's own copy.
-    offsets = _plan(req_to_token, prefix_tensors, columns, out_cache_loc)
-    rows_v, prefixes_v, lengths_v, offsets_v = stage(
-        [(v, torch.int64) for v in (rows, prefixes, lengths, offsets)], backend, stream, req_to_token.device)
+        values: Tuple[Optional[torch.Tensor], ...] = (rows, prefixes, lengths, None, extends)
+    else:
+        # The other backends move the values (and the offsets the op's host checks plan) first, the
+        # way they are timed against the op's own copy.
+        offsets = _call(torch.ops.pinstage.cache_index_plan, prefix_tensors, req_to_token, prefix_tensors, *columns,
+                        out_cache_loc)
+        staged = stage([(v, torch.int64) for v in (rows, prefixes, lengths, offsets)], backend, stream,
+                       req_to_token.device)
+        values = (*staged, None)
+    rows_v, prefixes_v, lengths_v, offsets_v, extends_v = values
     with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-        torch.ops.pinstage.write_cache_indices(
-            req_to_token, rows_v, prefix_tensors, prefixes_v, lengths_v, offsets_v, out_cache_loc
-        )
-
-
-def _plan(req_to_token: torch.Tensor, prefix_tensors: List[torch.Tensor], columns: Tuple[torch.Tensor, ...],
-          out_cache_loc: torch.Tensor) -> torch.Tensor:
-    """Each request's offset in out_cache_loc, after the op's host checks of the whole batch."""
-    offsets: torch.Tensor = _call(torch.ops.pinstage.cache_index_plan, prefix_tensors, req_to_token, prefix_tensors,
-                                  *columns, out_cache_loc)
-    return offsets
+        _call(torch.ops.pinstage.write_cache_indices, prefix_tensors, req_to_token, rows_v, prefix_tensors,
+              prefixes_v, lengths_v, offsets_v, out_cache_loc, extends_v)
 
 
 def _call(op: Callable[..., Any], prefix_tensors: List[torch.Tensor], *args: Any) -> Any:
