@@ -381,11 +381,25 @@ def test_patched_functions_do_not_wait_for_the_gpu(sg, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_write_cache_indices_leaves_other_prefix_dtypes_to_sglang(sg, device):
+def test_write_cache_indices_leaves_other_prefix_dtypes_to_sglang(sg, device, monkeypatch):
     """Requests without a cached prefix share SGLang's empty CPU tensor (accepted: never read); a
     prefix tensor of another dtype than int64 is refused by pinstage's op before anything is
     written, and SGLang's own function then fills the table: the same rows either way."""
     import sglang_stubs
+    from pinstage.integrations import _sglang_cache
+
+    wrote = []  # per patched call: whether pinstage's op wrote the rows (False: it refused them)
+    builder = _sglang_cache.pinstage_write_cache_indices
+
+    def counted(*args, **kwargs):
+        try:
+            builder(*args, **kwargs)
+        except TypeError:
+            wrote.append(False)
+            raise
+        wrote.append(True)
+
+    monkeypatch.setattr(_sglang_cache, "pinstage_write_cache_indices", counted)
 
     def run(prefix_dtype):
         world = sglang_stubs.SchedulerWorld(sg, device)
@@ -399,7 +413,9 @@ def test_write_cache_indices_leaves_other_prefix_dtypes_to_sglang(sg, device):
                                           world.pool)
         return world.pool.req_to_token[1:4].cpu()
 
-    for dtype in (torch.int64, torch.int32):
+    for dtype, by_pinstage in ((torch.int64, True), (torch.int32, False)):
         expected = run(dtype)
+        wrote.clear()
         with pinstage_sglang.enabled():
             assert torch.equal(run(dtype), expected), dtype
+        assert wrote == [by_pinstage], dtype
