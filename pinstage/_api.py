@@ -173,6 +173,7 @@ def configure(*, ring_bytes: Union[int, str, None] = None, on_full: Optional[str
 
 def empty_cache(device: Device = None) -> None:
     """Frees the pinned memory that pinstage keeps but no copy uses: overflow blocks left from a
-    burst and ring memory retired by configure(). Like torch.cuda.empty_cache(), it may synchronise
-    the device: call it off the hot path. device None: every device."""
+    burst and ring memory retired by configure(). It waits for the device (cudaDeviceSynchronize,
+    which holds up no other thread's staging) before freeing: call it off the hot path. device None:
+    every device."""
     _C.empty_cache(device)

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "ring/cuda_scope.h"
 
@@ -40,11 +41,16 @@ inline void copy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   C10_CUDA_CHECK(err);
 }
 
-// cudaFreeHost may synchronise the device: only configure() and empty_cache() call this, never a
-// staging call.
-inline void free_pinned(uint8_t* p, c10::DeviceIndex device) {
+// Frees pinned blocks; only configure() and empty_cache() call this, never a staging call.
+// cudaFreeHost waits for the whole device and, while it waits, the driver blocks every other
+// thread's cudaMemcpyAsync (a staging stalled 1.2 s behind a 1.5 s kernel on an H200), whereas
+// cudaDeviceSynchronize blocks only its caller: so the device is drained first, and cudaFreeHost
+// then waits only for work enqueued in between.
+inline void free_pinned(const std::vector<uint8_t*>& blocks, c10::DeviceIndex device) {
+  if (blocks.empty()) return;
   const RingCudaScope scope(device);
-  if (p != nullptr) C10_CUDA_CHECK(cudaFreeHost(p));
+  C10_CUDA_CHECK(cudaDeviceSynchronize());
+  for (uint8_t* p : blocks) C10_CUDA_CHECK(cudaFreeHost(p));
 }
 
 }  // namespace pinstage

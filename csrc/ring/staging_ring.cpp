@@ -58,7 +58,7 @@ void StagingRing::free_unused() {
       }
     }
   }
-  for (uint8_t* p : unused) free_pinned(p, device_);
+  free_pinned(unused, device_);
 }
 
 void StagingRing::allocate_slab() {
