@@ -55,6 +55,7 @@ from ._static_inputs import Field, StaticInputs
 from ._api import (
     FetchHandle,
     RingFullError,
+    Stats,
     configure,
     empty_cache,
     fetch_many,
@@ -73,6 +74,7 @@ __all__ = [
     "Field",
     "RingFullError",
     "StaticInputs",
+    "Stats",
     "configure",
     "empty_cache",
     "fetch_many",

@@ -1,5 +1,5 @@
 """pinstage's public functions: signatures, types and documentation in front of the compiled core."""
-from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Iterable, List, Optional, Sequence, Tuple, TypedDict, Union
 
 import torch
 
@@ -138,22 +138,36 @@ def fetch_many(tensors: Sequence[torch.Tensor], stream: Optional[torch.cuda.Stre
     return FetchHandle(_C.fetch(list(tensors), stream), many=True)
 
 
-def stats(device: Device = None) -> dict:
-    """Counters and occupancy of one device's rings (device None: the current CUDA device, or the CPU
-    without CUDA). Keys:
+class Stats(TypedDict):
+    """One device's counters and ring occupancy (stats()); on the CPU the ring keys are 0."""
 
-      device, ring_bytes, ring_allocated, on_full: the ring and its settings
-      calls, bytes_staged, copies: staging calls, bytes they moved, host-to-device copies enqueued
-      fallbacks: items converted by torch.tensor instead of pinstage's converters
-      in_flight_bytes, peak_in_flight_bytes, pending_regions: ring memory still used by copies
-      overflows, waits, wraps: requests served by overflow blocks, waits under on_full="wait",
-          times the ring's allocation went back to its start (about bytes through it / ring_bytes)
-      events_created: CUDA events made (none in steady state)
-      overflow_reserved_bytes, overflow_peak_reserved_bytes, overflow_in_flight_bytes: pinned
-          overflow blocks kept now, at most, and in use by copies
-      fetches, fetch_bytes, fetch_in_flight_bytes, fetch_overflows: the device-to-host ring
-    On the CPU the ring keys are 0.
-    """
+    device: str
+    ring_allocated: bool
+    on_full: str                       # what a full ring does: "overflow", "wait" or "error"
+    ring_bytes: int                    # the staging ring's size
+    calls: int                         # staging calls
+    bytes_staged: int                  # bytes they moved
+    copies: int                        # host-to-device copies enqueued
+    fallbacks: int                     # items converted by torch.tensor, not pinstage's converters
+    in_flight_bytes: int               # ring bytes still read by copies
+    peak_in_flight_bytes: int
+    pending_regions: int               # ring regions not yet released
+    overflows: int                     # requests served by overflow blocks
+    waits: int                         # waits under on_full="wait"
+    wraps: int                         # times the ring's allocation went back to its start
+    events_created: int                # CUDA events made (none in steady state)
+    overflow_reserved_bytes: int       # pinned overflow blocks kept now
+    overflow_peak_reserved_bytes: int  # ... at most
+    overflow_in_flight_bytes: int      # ... in use by copies
+    fetches: int                       # fetch_to_host calls
+    fetch_bytes: int                   # bytes they brought back
+    fetch_in_flight_bytes: int         # fetch ring and overflow bytes not yet released
+    fetch_overflows: int               # fetches served by overflow blocks
+
+
+def stats(device: Device = None) -> Stats:
+    """One device's rings: counters and occupancy (device None: the current CUDA device, or the CPU
+    without CUDA). The keys are Stats'."""
     return _C.stats(device)
 
 

@@ -11,6 +11,7 @@
 #include "convert/item_plan.h"
 #include "python/errors.h"
 #include "ring/options.h"
+#include "ring/device_stats.h"
 #include "ring/registry.h"
 #include "copy/fetch.h"
 #include "tensor/stage.h"
@@ -25,68 +26,16 @@ namespace {
 
 PyObject* g_ring_full_error = nullptr;
 
-// stats(): the same keys for the CPU and for a CUDA device (rings then report zeros on the CPU).
+// stats(): DeviceStats as a dict, its keys pinstage/_api.py's Stats.
 py::dict stats(py::handle device_arg) {
-  const c10::Device device = resolve_device(device_arg.ptr());
-  struct Row {
-    const char* key;
-    py::object value;
-  };
-  uint64_t calls = 0, bytes = 0, copies = 0, fallbacks = 0, fetches = 0, fetch_bytes = 0;
-  size_t ring_bytes = 0, in_flight = 0, peak = 0, pending = 0, ov_reserved = 0, ov_peak = 0, ov_in_flight = 0;
-  size_t fetch_in_flight = 0;
-  uint64_t overflows = 0, waits = 0, wraps = 0, events = 0, fetch_overflows = 0;
-  bool allocated = false;
-  OnFull on_full = default_on_full();
-  if (device.is_cpu()) {
-    const StagingCounters& c = cpu_counters();
-    calls = c.calls, bytes = c.bytes, fallbacks = c.fallbacks;
-  } else {
-#ifdef PINSTAGE_WITH_CUDA
-    StagingRing& ring = ring_for(device.index(), Direction::kToDevice);
-    StagingRing& fetch_ring = ring_for(device.index(), Direction::kToHost);
-    const auto s = ring.snapshot();
-    const auto f = fetch_ring.snapshot();
-    const StagingCounters& c = ring.counters();
-    const StagingCounters& fc = fetch_ring.counters();
-    calls = c.calls, bytes = c.bytes, copies = c.copies, fallbacks = c.fallbacks;
-    ring_bytes = s.ring_bytes, allocated = s.allocated, in_flight = s.in_flight_bytes, peak = s.peak_in_flight_bytes;
-    pending = s.pending_regions, overflows = s.overflows, waits = s.waits, wraps = s.wraps;
-    events = s.events_created + f.events_created;
-    ov_reserved = s.overflow_reserved_bytes + f.overflow_reserved_bytes;
-    ov_peak = s.overflow_peak_reserved_bytes + f.overflow_peak_reserved_bytes;
-    ov_in_flight = s.overflow_in_flight_bytes;
-    fetches = fc.calls, fetch_bytes = fc.bytes, fetch_in_flight = f.in_flight_bytes + f.overflow_in_flight_bytes;
-    fetch_overflows = f.overflows;
-    on_full = ring.on_full();
-#endif
-  }
-  const Row rows[] = {
-      {"device", py::str(device.str())},
-      {"ring_bytes", py::int_(ring_bytes)},
-      {"ring_allocated", py::bool_(allocated)},
-      {"on_full", py::str(on_full_name(on_full))},
-      {"calls", py::int_(calls)},
-      {"bytes_staged", py::int_(bytes)},
-      {"copies", py::int_(copies)},
-      {"fallbacks", py::int_(fallbacks)},
-      {"in_flight_bytes", py::int_(in_flight)},
-      {"peak_in_flight_bytes", py::int_(peak)},
-      {"pending_regions", py::int_(pending)},
-      {"overflows", py::int_(overflows)},
-      {"waits", py::int_(waits)},
-      {"wraps", py::int_(wraps)},
-      {"events_created", py::int_(events)},
-      {"overflow_reserved_bytes", py::int_(ov_reserved)},
-      {"overflow_peak_reserved_bytes", py::int_(ov_peak)},
-      {"overflow_in_flight_bytes", py::int_(ov_in_flight)},
-      {"fetches", py::int_(fetches)},
-      {"fetch_bytes", py::int_(fetch_bytes)},
-      {"fetch_in_flight_bytes", py::int_(fetch_in_flight)},
-      {"fetch_overflows", py::int_(fetch_overflows)},
-  };
+  const DeviceStats s = device_stats(resolve_device(device_arg.ptr()));
   py::dict out;
-  for (const Row& r : rows) out[r.key] = r.value;
+  out["device"] = py::str(s.device.str());
+  out["ring_allocated"] = py::bool_(s.ring_allocated);
+  out["on_full"] = py::str(on_full_name(s.on_full));
+#define PINSTAGE_STAT_ITEM(name) out[#name] = py::int_(s.name);
+  PINSTAGE_STAT_COUNTERS(PINSTAGE_STAT_ITEM)
+#undef PINSTAGE_STAT_ITEM
   return out;
 }
 
