@@ -12,7 +12,7 @@
 #include "convert/convert.h"
 #include "convert/dtypes.h"
 #include "convert/tensor_memory.h"
-#include "values/py_objects.h"
+#include "python/py_objects.h"
 
 namespace pinstage {
 namespace {

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "values/buffer_source.h"
+#include "convert/buffer_source.h"
 
 namespace pinstage {
 

@@ -9,8 +9,8 @@
 #include "convert/tensor_memory.h"
 #include "ring/options.h"
 #include "ring/registry.h"
-#include "copy/lease.h"
-#include "values/target.h"
+#include "copy/ring_copy.h"
+#include "copy/target.h"
 
 #ifdef PINSTAGE_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -21,7 +21,7 @@
 
 namespace pinstage {
 
-struct PendingFetch::Region {
+struct FetchHandle::Region {
 #ifdef PINSTAGE_WITH_CUDA
   StagingRing* ring = nullptr;
   HostLease lease;
@@ -50,9 +50,9 @@ void check_fetchable(const at::Tensor& t, size_t i, const char* api) {
 
 }  // namespace
 
-std::shared_ptr<PendingFetch> PendingFetch::start(const std::vector<at::Tensor>& tensors, PyObject* stream,
+std::shared_ptr<FetchHandle> FetchHandle::start(const std::vector<at::Tensor>& tensors, PyObject* stream,
                                                 const char* api) {
-  auto handle = std::make_shared<PendingFetch>();
+  auto handle = std::make_shared<FetchHandle>();
   TORCH_CHECK_VALUE(!tensors.empty(), "pinstage.", api, ": nothing to fetch");
   const c10::Device device = tensors[0].device();
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -63,7 +63,7 @@ std::shared_ptr<PendingFetch> PendingFetch::start(const std::vector<at::Tensor>&
     handle->shapes_.emplace_back(t.sizes().begin(), t.sizes().end());
     handle->dtypes_.push_back(t.scalar_type());
   }
-  const Target target = target_on(device, stream, api);
+  [[maybe_unused]] const Target target = target_on(device, stream, api);  // no stream on the CPU
   if (device.is_cpu()) {
     for (const at::Tensor& t : tensors) {
       // Resolving a conjugate or negative bit makes a copy of its own: cloned only if still strided.
@@ -111,9 +111,9 @@ std::shared_ptr<PendingFetch> PendingFetch::start(const std::vector<at::Tensor>&
 #endif
 }
 
-PendingFetch::~PendingFetch() { release(); }
+FetchHandle::~FetchHandle() { release(); }
 
-void PendingFetch::release() {
+void FetchHandle::release() {
   std::shared_ptr<Region> dropped;  // let go outside the handle's lock
   std::vector<at::Tensor> host;
   {
@@ -124,19 +124,19 @@ void PendingFetch::release() {
   }
 }
 
-bool PendingFetch::released() const {
+bool FetchHandle::released() const {
   std::lock_guard<std::mutex> lock(mu_);
   return released_;
 }
 
-std::shared_ptr<PendingFetch::Region> PendingFetch::held_region(std::vector<at::Tensor>* host) const {
+std::shared_ptr<FetchHandle::Region> FetchHandle::held_region(std::vector<at::Tensor>* host) const {
   std::lock_guard<std::mutex> lock(mu_);
   TORCH_CHECK(!released_, "pinstage.FetchHandle: the handle was released; its memory may hold other values now");
   if (host != nullptr && region_ == nullptr) *host = host_;
   return region_;
 }
 
-bool PendingFetch::ready() {
+bool FetchHandle::ready() {
   const std::shared_ptr<Region> region = held_region();
 #ifdef PINSTAGE_WITH_CUDA
   if (region != nullptr) return region->ring->fence_done(region->fence);
@@ -144,7 +144,7 @@ bool PendingFetch::ready() {
   return true;
 }
 
-void PendingFetch::wait() {
+void FetchHandle::wait() {
   // What the wait reads is taken under the handle's lock and kept alive by this reference: a
   // release() from another thread meanwhile cannot pull the region from under it.
   const std::shared_ptr<Region> region = held_region();
@@ -155,7 +155,7 @@ void PendingFetch::wait() {
 #endif
 }
 
-std::vector<at::Tensor> PendingFetch::tensors() {
+std::vector<at::Tensor> FetchHandle::tensors() {
   std::vector<at::Tensor> host;
   const std::shared_ptr<Region> region = held_region(&host);
   if (region == nullptr) return host;

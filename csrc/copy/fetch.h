@@ -14,13 +14,13 @@
 
 namespace pinstage {
 
-class PendingFetch {
+class FetchHandle {
  public:
   // Copies `tensors` (any device tensors, or CPU tensors, which are copied at once) into one held
   // region on `stream` (None: the tensors' device's current stream), one copy per tensor.
-  static std::shared_ptr<PendingFetch> start(const std::vector<at::Tensor>& tensors, PyObject* stream,
+  static std::shared_ptr<FetchHandle> start(const std::vector<at::Tensor>& tensors, PyObject* stream,
                                             const char* api);
-  ~PendingFetch();
+  ~FetchHandle();
 
   // Each may run while another thread releases the handle (wait() runs with the GIL released):
   // the region is taken under the handle's lock, and a reference keeps it while it is read.

@@ -1,5 +1,5 @@
 // The torch.ops.pinstage operators: every tensor operation pinstage offers besides staging (which is
-// pybind11's, in python/module.cpp). Each op's kernels are registered beside its code.
+// pybind11's, in bindings/module.cpp). Each op's kernels are registered beside its code.
 #include <torch/library.h>
 
 TORCH_LIBRARY(pinstage, m) {

@@ -19,8 +19,8 @@
 
 #include "ring/options.h"
 #include "ring/registry.h"
-#include "copy/lease.h"
-#include "values/target.h"
+#include "copy/ring_copy.h"
+#include "copy/target.h"
 #endif
 
 #include "convert/dtypes.h"

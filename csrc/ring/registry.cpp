@@ -12,7 +12,7 @@
 
 #include <optional>
 
-#include "values/py_objects.h"
+#include "python/py_objects.h"
 #endif
 
 namespace pinstage {
@@ -70,7 +70,7 @@ OnFull default_on_full() {
 #ifdef PINSTAGE_WITH_CUDA
 StagingRing& ring_for(c10::DeviceIndex device, Direction direction) {
   Registry& r = registry();
-  // The caller resolved `device` against the visible devices (see values/target.h).
+  // The caller resolved `device` against the visible devices (see copy/target.h).
   auto& slot = r.rings[2 * static_cast<size_t>(device) + (direction == Direction::kToHost ? 1 : 0)];
   if (StagingRing* ring = slot.load(std::memory_order_acquire)) return *ring;
   std::lock_guard<std::mutex> lock(r.mu);

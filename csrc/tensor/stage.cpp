@@ -10,10 +10,10 @@
 #include "convert/item_plan.h"
 #include "convert/tensor_memory.h"
 #include "ring/registry.h"
-#include "values/error_prefix.h"
-#include "copy/lease.h"
-#include "values/target.h"
-#include "values/py_objects.h"
+#include "python/error_prefix.h"
+#include "copy/ring_copy.h"
+#include "copy/target.h"
+#include "python/py_objects.h"
 
 #ifdef PINSTAGE_WITH_CUDA
 #include <ATen/EmptyTensor.h>

@@ -7,14 +7,14 @@
 
 #include "ring/options.h"
 #include "ring/registry.h"
-#include "values/error_prefix.h"
-#include "values/target.h"
+#include "python/error_prefix.h"
+#include "copy/target.h"
 
 #ifdef PINSTAGE_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include "copy/lease.h"
+#include "copy/ring_copy.h"
 #endif
 
 namespace pinstage {

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "convert/item_plan.h"
-#include "values/py_objects.h"
+#include "python/py_objects.h"
 
 #ifdef PINSTAGE_WITH_CUDA
 #include <c10/cuda/CUDAStream.h>

@@ -1,4 +1,4 @@
-#include "values/target.h"
+#include "copy/target.h"
 
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Stream.h>

@@ -1,4 +1,5 @@
-// LeaseGuard: ring memory for one call's copies, handed back on every path, in both directions.
+// Copies through the ring: copy_through_ring, the one host-to-device path (below), and LeaseGuard,
+// ring memory for one call's copies, handed back on every path, in both directions.
 // Until a copy that reads or writes it is enqueued, the destructor abandons it (an exception between
 // reserve and copy: bad input, out of device memory); from the first enqueued copy on it belongs
 // to the ring, sealed behind that copy's stream even when the call fails later.
@@ -14,7 +15,7 @@
 #include "ring/pinned_memory.h"
 #include "ring/registry.h"
 #include "ring/staging_ring.h"
-#include "values/py_objects.h"
+#include "python/py_objects.h"
 
 namespace pinstage {
 

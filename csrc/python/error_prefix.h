@@ -7,7 +7,7 @@
 #include <string>
 #include <typeinfo>
 
-#include "values/py_objects.h"
+#include "python/py_objects.h"
 
 namespace pinstage {
 

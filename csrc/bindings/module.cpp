@@ -7,17 +7,17 @@
 #include <utility>
 #include <vector>
 
-#include "values/buffer_source.h"
+#include "convert/buffer_source.h"
 #include "convert/item_plan.h"
-#include "python/errors.h"
+#include "bindings/errors.h"
 #include "ring/options.h"
 #include "ring/device_stats.h"
 #include "ring/registry.h"
 #include "copy/fetch.h"
 #include "tensor/stage.h"
 #include "tensor/static_inputs.h"
-#include "values/target.h"
-#include "values/py_objects.h"
+#include "copy/target.h"
+#include "python/py_objects.h"
 
 namespace py = pybind11;
 
@@ -172,15 +172,15 @@ PYBIND11_MODULE(_C, m) {
     return translate_errors([&] { return resolve_target(stream.ptr(), device.ptr()).device; });
   });
 
-  py::class_<PendingFetch, std::shared_ptr<PendingFetch>>(m, "PendingFetch")
-      .def("ready", [](PendingFetch& h) { return translate_errors([&] { return h.ready(); }); })
-      .def("wait", [](PendingFetch& h) {
+  py::class_<FetchHandle, std::shared_ptr<FetchHandle>>(m, "FetchHandle")
+      .def("ready", [](FetchHandle& h) { return translate_errors([&] { return h.ready(); }); })
+      .def("wait", [](FetchHandle& h) {
         translate_errors([&] {
           py::gil_scoped_release no_gil;
           h.wait();
         });
       })
-      .def("tensors", [](PendingFetch& h) {
+      .def("tensors", [](FetchHandle& h) {
         return translate_errors([&] {
           if (!h.ready()) {
             py::gil_scoped_release no_gil;
@@ -189,11 +189,11 @@ PYBIND11_MODULE(_C, m) {
           return h.tensors();
         });
       })
-      .def("release", &PendingFetch::release)
-      .def_property_readonly("released", &PendingFetch::released)
-      .def("__len__", &PendingFetch::count);
+      .def("release", &FetchHandle::release)
+      .def_property_readonly("released", &FetchHandle::released)
+      .def("__len__", &FetchHandle::count);
   m.def("fetch", [](py::handle tensors, py::handle stream) {
-    return translate_errors([&] { return PendingFetch::start(tensors_arg(tensors, "fetch_many"), stream.ptr(), "fetch"); });
+    return translate_errors([&] { return FetchHandle::start(tensors_arg(tensors, "fetch_many"), stream.ptr(), "fetch"); });
   });
 
   py::class_<StaticInputs>(m, "StaticInputs")

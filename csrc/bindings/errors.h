@@ -8,7 +8,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "ring/options.h"
-#include "values/py_objects.h"
+#include "python/py_objects.h"
 
 namespace pinstage {
 

@@ -1,4 +1,4 @@
-#include "values/buffer_source.h"
+#include "convert/buffer_source.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/from_blob.h>

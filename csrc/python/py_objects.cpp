@@ -1,4 +1,4 @@
-#include "values/py_objects.h"
+#include "python/py_objects.h"
 
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
