@@ -1,6 +1,5 @@
-// A per-device pool of CUDA events (timing disabled: cheapest to record and query). Events are
-// created only while the pool is empty, so none is created in steady state. Not thread-safe: the
-// StagingRing that owns it serialises access.
+// A per-device pool of CUDA events (see Note [Ring design] in ring/staging_ring.h). Not
+// thread-safe: the StagingRing that owns it serialises access.
 #pragma once
 #ifdef PINSTAGE_WITH_CUDA
 

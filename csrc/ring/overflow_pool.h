@@ -1,10 +1,7 @@
-// OverflowPool: pinned blocks that serve requests the ring cannot hold right now (its room is still
-// in flight, or the request is larger than the ring). The ring's rule holds for them too: a block
-// goes back to the free list only after the fence behind the copy that used it has completed (and,
-// for a held block, once its holder let it go). Free blocks (power-of-two sizes) are reused; they
-// are freed only through take_spare(), which configure() and empty_cache() call, never a staging call.
-// It makes no CUDA call but fence queries: the owning StagingRing pins and frees blocks without its
-// lock held, and serialises access to the pool.
+// OverflowPool: pinned blocks for the requests the ring cannot hold right now, reused under the
+// ring's fence rule (see Note [Ring design] in ring/staging_ring.h); freed only through
+// take_spare(), by configure() and empty_cache(). It makes no CUDA call but fence queries; the
+// owning StagingRing serialises access.
 #pragma once
 #ifdef PINSTAGE_WITH_CUDA
 

@@ -1,16 +1,5 @@
 // RingAllocator: first-in-first-out byte ranges over a fixed buffer, each held until a completion
-// fence says nothing reads it any more.
-//
-// It knows nothing about CUDA: a Fence is any value that release_completed's predicate can ask
-// "done yet?" without blocking. StagingRing uses CUDA events; the tests use markers they complete
-// by hand, so the allocation logic (alignment, wraparound, no reuse before completion, counters)
-// is checked without a GPU.
-//
-// Invariant: a byte handed out by try_reserve is handed out again only after the region that held
-// it was released, and a region is released only when it is abandoned (nothing read it) or when its
-// fence is done, its holder (if it was sealed as held) has let it go, and every older region has
-// been released (release is strictly in order, so a done region behind a pending one stays held:
-// conservative, never unsafe).
+// fence says nothing reads it any more. See Note [Ring design] in ring/staging_ring.h.
 #pragma once
 
 #include <cstddef>

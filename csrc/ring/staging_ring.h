@@ -1,8 +1,40 @@
-// StagingRing: one device's pinned memory for copies in one direction. A slab (allocated on first
-// use) carved by a RingAllocator whose fences are CUDA events recorded behind the copies that use
-// it (shared by consecutive copies on a stream, see stream_fence.h), plus an OverflowPool for what
-// the slab cannot hold. Each device has one for stagings (host to device) and one for fetches
-// (device to host, whose regions are also held until the host is done reading them). Thread-safe.
+// StagingRing: one device's pinned memory for copies in one direction. Thread-safe.
+//
+// Note [Ring design]
+// ~~~~~~~~~~~~~~~~~~
+// The one rule: a byte of ring memory is written again by the host only after every copy that read
+// it (or wrote it, for fetches) has completed on the device, as shown by a CUDA event recorded
+// behind that copy on its stream and queried without blocking. Everything below serves that rule
+// without making a staging call wait.
+//
+// - Allocation (RingAllocator, ring_allocator.h): byte ranges of one pinned slab, first in first
+//   out, 16-byte aligned, wrapping to the front. A region is released when it was abandoned (no copy
+//   used it) or when its fence is done, its holder (a fetch's reader) let it go, and every older
+//   region was released: strictly in order, so a done region behind a pending one stays held
+//   (conservative, never unsafe). It knows nothing of CUDA: a fence is anything whose completion can
+//   be asked without blocking, so the tests drive it with hand-completed markers.
+// - Fences (StreamFence, stream_fence.h): an event recorded on a stream at any time after a copy
+//   completes only after that copy, so consecutive copies on a stream share one open fence, recorded
+//   after 32 regions, after 1/64 of the ring's bytes (a fence still open when room runs out cannot
+//   report completion in time), or when the ring first asks. Most calls record no event.
+// - Events (EventPool, event_pool.h): timing disabled, created only while the pool is empty, so none
+//   is created in steady state. Completion is queried every 32 regions or when room runs out.
+// - A full ring (copies in flight, or a request larger than the ring): on_full="overflow" serves the
+//   request from a pinned block (OverflowPool, overflow_pool.h: power-of-two sizes, reused under the
+//   same fence rule); "wait" waits for the oldest region's event with the GIL released, but only for
+//   a copy already enqueued (an oldest region still being written, held by a reader, or fenced on a
+//   capturing stream may never complete while its caller waits: that request overflows instead);
+//   "error" raises RingFullError.
+// - No lock is held across a call that can block (cudaHostAlloc, cudaFreeHost, cudaEventSynchronize):
+//   one thread's first use or empty_cache() must not stall the others' staging. Freeing pinned
+//   memory waits for the whole device, so only configure() and empty_cache() free any (see
+//   pinned_memory.h); a staging call never does.
+// - Rings are never destroyed (registry.h): at interpreter exit copies may still be in flight.
+// - Every CUDA call a ring makes runs in relaxed capture mode (cuda_scope.h), so that a graph
+//   captured meanwhile by another thread in torch's default "global" mode is neither refused nor
+//   invalidated by it.
+// Each device has two rings: one for stagings (host to device) and one for fetches (device to
+// host, whose regions are also held until the host is done reading them).
 #pragma once
 #ifdef PINSTAGE_WITH_CUDA
 

@@ -1,13 +1,5 @@
-// StreamFence: the completion fence that consecutive staging copies on one stream share.
-//
-// Why lazily recorded: an event recorded on a stream at ANY time after a copy was enqueued there
-// completes only after that copy. So instead of one cudaEventRecord per call (host time, and a
-// slot in the device's launch queue), regions copied on a stream attach to that stream's open
-// fence, and its event is recorded once: when kRegionsPerFence regions have attached, or when the
-// ring first needs to know whether they are done, or when the bytes attached reach a share of the
-// ring (a fence still open when the ring runs out of room cannot report completion in time, so
-// the bytes it covers must stay a small part of the ring). Every region attached before the
-// record is covered by it; regions attached after it go to a new fence.
+// StreamFence: the completion fence that consecutive copies on one stream share, recorded lazily.
+// See Note [Ring design] in ring/staging_ring.h.
 #pragma once
 #ifdef PINSTAGE_WITH_CUDA
 
