@@ -1,8 +1,10 @@
-"""What a new user meets first: installing without torch, a checkout that shadows an installed
-pinstage, the checkout importable from .venv after the README's commands, the benchmarks' output."""
+"""What a new user meets first: the README's opening (what pinstage is, the two commands, where their
+output goes) and its links, installing without torch, a checkout that shadows an installed pinstage,
+the checkout importable from .venv after the README's commands, the benchmarks' output."""
 import contextlib
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,6 +15,50 @@ import pinstage
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.dirname(os.path.abspath(pinstage.__file__))
+
+README = os.path.join(ROOT, "README.md")
+DOCS = os.path.join(ROOT, "docs")
+
+
+def _read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def test_the_readme_says_what_and_for_whom_then_the_two_commands_in_at_most_250_lines():
+    text = _read(README)
+    lines = text.splitlines()
+    assert len(lines) <= 250, len(lines)
+    opening = " ".join(lines[:3])
+    assert "PyTorch" in opening and "inference engines" in opening and "GPU" in opening, opening
+    before_first_section = text[:text.index("\n## ")]
+    commands = re.findall(r"^bash (scripts/\S+)", before_first_section, re.M)
+    assert commands == ["scripts/bench.sh", "scripts/test.sh"], commands
+    for where in ("bench/out/", "bench/results/cpu/", "bench/results/h200/"):
+        assert where in before_first_section, where
+
+
+def _anchors(markdown):
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"^```.*?^```", "", markdown, flags=re.M | re.S), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_every_relative_link_of_the_readme_and_docs_resolves():
+    documents = [README] + [os.path.join(DOCS, n) for n in sorted(os.listdir(DOCS)) if n.endswith(".md")]
+    broken = []
+    for doc in documents:
+        for target in re.findall(r"\]\(([^)\s]+)\)", _read(doc)):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            path = os.path.normpath(os.path.join(os.path.dirname(doc), path)) if path else doc
+            if not os.path.exists(path):
+                broken.append((doc, target))
+            elif anchor and (not path.endswith(".md") or anchor not in _anchors(_read(path))):
+                broken.append((doc, target))
+    assert broken == []
+
 
 # Makes `import torch` fail as it does in a Python without torch (ModuleNotFoundError naming torch).
 _WITHOUT_TORCH = """
