@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# One GPU round in one call: environment, build, the CUDA tests (the changed ones first), the
-# benchmarks. Each stage has a time box, so that a short lease still brings back what finished.
-# Logs, JSON and plots go to $OUT.
-# Usage: OUT=/some/dir bash bench/gpu_round.sh [tests] [rest] [sanitizer] [bench] [engines] [decode] [stress] [quick] [pack]
-#   (no stage named: tests rest bench engines decode pack; "quick" shortens the benchmarks; "pack"
+# One GPU round in one call: environment, build, the README's test command, the benchmarks. Each
+# stage has a time box, so that a short lease still brings back what finished. Logs, JSON and plots
+# go to $OUT.
+# Usage: OUT=/some/dir bash bench/gpu_round.sh [tests] [sanitizer] [bench] [engines] [decode] [stress] [quick] [pack]
+#   (no stage named: tests bench engines decode pack; "quick" shortens the benchmarks; "pack"
 #   leaves one round.tgz in $OUT, as a lease may bring back only a few files)
-#   Engine code (SGLang, vLLM) is read from .engines/ (carry it: nothing downloads there).
-#   TESTS_SECONDS, REST_SECONDS, BENCH_SECONDS (each benchmark), DECODE_SECONDS: the time boxes;
+#   tests: exactly the README's test command (bash scripts/test.sh), whole; its summary line goes to
+#   $OUT/tests.txt. Engine code (SGLang, vLLM) is read from .engines/ (carry it: nothing downloads there).
+#   TESTS_SECONDS, BENCH_SECONDS (each benchmark), DECODE_SECONDS: the time boxes;
 #   DECODE_ARGS: the decode loop's arguments (default "--steps 300 --repeats 3", about 5 minutes);
 #   MICROBENCH_ARGS: more microbenchmark arguments (e.g. "--repeats 9").
 set -uo pipefail
@@ -18,7 +19,7 @@ export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 # formatting numbers in error messages.
 if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CC=/usr/bin/gcc; fi
 export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
-stages="${*:-tests rest bench engines decode pack}"
+stages="${*:-tests bench engines decode pack}"
 has() { [[ " $stages " == *" $1 "* ]]; }
 quick=""
 has quick && quick="--quick"
@@ -52,26 +53,12 @@ if ! python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1; then
 fi
 grep -E "^pinstage setup:" "$OUT/build.log" | cut -c1-160
 
-# The tests that cover what changed lately first, then the rest of the CUDA tests (one process: the
-# checks that a kernel is still running assume a quiet GPU).
-first="tests/test_trust_inputs.py tests/test_ring_liveness.py tests/test_fetch.py tests/test_builders_cache.py
-  tests/test_static_inputs.py tests/test_builders_static_inputs.py tests/test_memory_safety.py tests/test_cuda_stage.py
-  tests/test_vllm_plugin.py tests/test_sglang_integration.py tests/test_sglang_builders.py"
 if has tests; then
-  stamp "CUDA tests: recent changes"
-  boxed tests "${TESTS_SECONDS:-600}" python3 -m pytest -q -p no:cacheprovider -rfE -m cuda $first
+  stamp "the README's test command: bash scripts/test.sh"
+  boxed tests "${TESTS_SECONDS:-560}" bash scripts/test.sh
   summary tests
-  # vLLM's UVA pool tests are not CUDA-marked (they run everywhere) but read pinned memory from the GPU here.
-  boxed tests_uva 120 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_vllm_plugin.py -k uva
-  summary tests_uva
+  { echo "commit: ${PINSTAGE_COMMIT:-unknown}  command: bash scripts/test.sh"; grep -E "(passed|failed|error).* in [0-9.]+s" "$OUT/tests.log" | tail -n 1; grep -E "^(FAILED|ERROR)" "$OUT/tests.log"; } > "$OUT/tests.txt"
 fi
-if has rest; then
-  stamp "CUDA tests: the rest"
-  boxed tests_rest "${REST_SECONDS:-600}" python3 -m pytest -q -p no:cacheprovider -rfE -m cuda tests \
-    $(for f in $first; do echo --deselect "$f"; done)
-  summary tests_rest
-fi
-
 if has sanitizer; then
   stamp "compute-sanitizer memcheck and synccheck"
   for tool in memcheck synccheck; do
