@@ -304,7 +304,8 @@ def test_enable_is_idempotent_and_disable_restores_every_original(vllm):
     ("enable", lambda: pytest.raises(RuntimeError, match=r"vLLM 0\.34\.0 is not supported; tested with vLLM 0\.33\.0")),
     # vLLM loads every installed plugin when VLLM_PLUGINS is unset: under an untested vLLM the entry
     # point must let vLLM start, with its own helpers, and say why.
-    ("plugin", lambda: pytest.warns(RuntimeWarning, match=r"vLLM 0\.34\.0 is not supported; tested with vLLM 0\.33\.0")),
+    ("plugin", lambda: pytest.warns(RuntimeWarning,
+                                    match=r"vLLM 0\.34\.0 is not supported; tested with vLLM 0\.33\.0")),
 ])
 def test_untested_vllm_versions_are_refused_and_nothing_changes(vllm, monkeypatch, cuda_staging, entry, refusal):
     originals = _routed_helpers(vllm)

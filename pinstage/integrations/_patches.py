@@ -13,7 +13,7 @@ def _modules():
 
 
 class Patches:
-    def __init__(self):
+    def __init__(self) -> None:
         self._made: List[Tuple[Any, str, Any, Any]] = []  # (holder, name, original, replacement), in order
 
     def __bool__(self):

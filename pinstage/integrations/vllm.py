@@ -64,8 +64,10 @@ def _serves(device):
 
 def _staged_h2d(data, device=None, dtype=None, out=None):
     if out is not None:
-        if dtype not in (None, out.dtype) or out.dtype not in _DTYPES or not _host_data(data) or not _serves(out.device):
-            return None  # vLLM asserts the dtypes agree and that data is on the host
+        # vLLM asserts that the dtypes agree and that data is on the host
+        if (dtype not in (None, out.dtype) or out.dtype not in _DTYPES or not _host_data(data)
+                or not _serves(out.device)):
+            return None
         if not isinstance(data, (list, tuple)) and tuple(data.shape) == tuple(out.shape) and out.is_contiguous():
             return pinstage.stage_into(data, out)
         # vLLM's out.copy_(torch.tensor(data)): broadcasts, or raises where the shapes do not fit
