@@ -23,13 +23,14 @@ Importing this module imports nothing of vLLM; enable() does.
 """
 import functools
 import importlib.metadata
+import itertools
 import logging
 import os
 import threading
 import types
 import warnings
 from collections.abc import Sequence
-from typing import Dict, Optional
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 import torch
@@ -49,9 +50,14 @@ _NUMPY_DTYPES = {torch.empty(0, dtype=t).numpy().dtype: t for t in _DTYPES if t 
 _log = logging.getLogger("pinstage")
 _lock = threading.Lock()
 _patches = Patches()
-_counts: Dict[str, list] = {}  # replaced function -> [calls routed through pinstage, calls left to vLLM]
-_count_lock = threading.Lock()
-_cuda_served: Optional[bool] = None  # whether pinstage stages to CUDA here; set by enable()
+# replaced function -> (calls routed through pinstage, calls left to vLLM): next() on a count is one
+# C call, exact under threads and cheaper than a lock
+_counts: Dict[str, Tuple[Iterator[int], Iterator[int]]] = {}
+# Set by enable(): whether pinstage stages to CUDA here, where vLLM's UVA pools put their rows (None
+# where pinstage cannot stage to it), and each `device` argument seen, as a target pinstage serves.
+_cuda_served = False
+_pool_device: Optional[torch.device] = None
+_device_served: Dict[Any, bool] = {}
 
 
 def _host_data(data):
@@ -59,14 +65,25 @@ def _host_data(data):
 
 
 def _serves(device):
-    return device.type == "cpu" or (device.type == "cuda" and bool(_cuda_served))
+    return device.type == "cpu" or (device.type == "cuda" and _cuda_served)
+
+
+def _serves_tensor(tensor):
+    return tensor.is_cpu or (tensor.is_cuda and _cuda_served)
+
+
+def _serves_argument(device):
+    served = _device_served.get(device)
+    if served is None:
+        served = _device_served[device] = _serves(torch.device(device))
+    return served
 
 
 def _staged_h2d(data, device=None, dtype=None, out=None):
     if out is not None:
         # vLLM asserts that the dtypes agree and that data is on the host
         if (dtype not in (None, out.dtype) or out.dtype not in _DTYPES or not _host_data(data)
-                or not _serves(out.device)):
+                or not _serves_tensor(out)):
             return None
         if not isinstance(data, (list, tuple)) and tuple(data.shape) == tuple(out.shape) and out.is_contiguous():
             return pinstage.stage_into(data, out)
@@ -74,7 +91,7 @@ def _staged_h2d(data, device=None, dtype=None, out=None):
         return out.copy_(pinstage.stage_to_device(data, out.dtype, device=out.device), non_blocking=True)
     if dtype is None and not isinstance(data, (list, tuple)):
         dtype = _NUMPY_DTYPES.get(data.dtype) if isinstance(data, np.ndarray) else getattr(data, "dtype", None)
-    if device is None or dtype not in _DTYPES or not _host_data(data) or not _serves(torch.device(device)):
+    if device is None or dtype not in _DTYPES or not _host_data(data) or not _serves_argument(device):
         return None
     return pinstage.stage_to_device(data, dtype, device=device)
 
@@ -82,12 +99,11 @@ def _staged_h2d(data, device=None, dtype=None, out=None):
 def _pool_rows(pool, x):
     """x as the rows a UvaBufferPool gives: (len(x), *size[1:]) of the pool's dtype on its device, in
     device memory of their own."""
-    device = pool._uva_bufs[0]._uva.device  # where vLLM's buffers for this pool are
-    if pool.dtype not in _DTYPES or not _host_data(x) or not _serves(device):
+    if pool.dtype not in _DTYPES or not _host_data(x) or _pool_device is None:
         return None
     if pool.dtype in _UNSIGNED and isinstance(x, (list, tuple)):
         return None  # numpy refuses a negative value there (OverflowError); torch.tensor wraps it
-    rows = pinstage.stage_to_device(x, pool.dtype, device=device)
+    rows = pinstage.stage_to_device(x, pool.dtype, device=_pool_device)
     row_shape = tuple(pool.size[1:]) if isinstance(pool.size, Sequence) else ()
     return rows if tuple(rows.shape) == (len(x),) + row_shape else None
 
@@ -101,21 +117,16 @@ def _staged_pool_copy_to_gpu(self, x, out=None):
 
 def _staged_buffer_copy_to_gpu(self, n=None):
     cpu, gpu = (self.cpu, self.gpu) if n is None else (self.cpu[:n], self.gpu[:n])
-    if cpu.dtype not in _DTYPES or not gpu.is_contiguous() or not _serves(gpu.device):
+    if cpu.dtype not in _DTYPES or not gpu.is_contiguous() or not _serves_tensor(gpu):
         return None
     return pinstage.stage_into(cpu, gpu)
-
-
-def _count(counts, way):
-    with _count_lock:
-        counts[way] += 1
 
 
 def _routed(label, original, staged):
     """original's stand-in: `staged` where it covers the call (gives a result), else original; also
     where pinstage raises, so that the caller gets vLLM's own result or exception (numpy's
     OverflowError for an out-of-range value in a pool, not pinstage's RuntimeError)."""
-    counts = _counts.setdefault(label, [0, 0])
+    routed, left = _counts.setdefault(label, (itertools.count(), itertools.count()))
 
     @functools.wraps(original)
     def call(*args, **kwargs):
@@ -124,9 +135,9 @@ def _routed(label, original, staged):
         except Exception:
             result = None
         if result is None:
-            _count(counts, 1)
+            next(left)
             return original(*args, **kwargs)
-        _count(counts, 0)
+        next(routed)
         return result
 
     return call
@@ -135,8 +146,11 @@ def _routed(label, original, staged):
 def counters():
     """{replaced function: {"routed": calls staged by pinstage, "to_vllm": calls run by vLLM's own
     function}} since the process started (also while disabled: what ran through a replacement)."""
-    with _count_lock:
-        return {label: {"routed": routed, "to_vllm": left} for label, (routed, left) in _counts.items()}
+    return {label: {"routed": _value(routed), "to_vllm": _value(left)} for label, (routed, left) in _counts.items()}
+
+
+def _value(count):
+    return int(repr(count)[len("count("):-1])  # the next value a count gives: the calls so far
 
 
 def _check_version():
@@ -173,16 +187,20 @@ def enable():
     """Routes vLLM's staging helpers through pinstage, also where pinstage cannot stage to CUDA
     (calls for such a device run vLLM's own function; plugin() declines instead). Idempotent; does
     not initialise CUDA. Raises RuntimeError for a vLLM version it was not tested with."""
-    global _cuda_served
+    global _cuda_served, _pool_device
     with _lock:
         if _patches:
             return
         _check_version()
+        from vllm.platforms import current_platform
         from vllm.utils import torch_utils
         from vllm.v1 import utils as v1_utils
         from vllm.v1.worker.gpu import buffer_utils
 
         _cuda_served = _no_cuda_staging() is None
+        _device_served.clear()
+        pool_device = torch.device(current_platform.device_type)  # UVA views and NonUvaBuffer are there
+        _pool_device = pool_device if _serves(pool_device) else None
         labels = [_replace(torch_utils, "async_tensor_h2d", _staged_h2d),
                   _replace(buffer_utils.UvaBufferPool, "copy_to_uva", _pool_rows),
                   _replace(buffer_utils.UvaBufferPool, "copy_to_gpu", _staged_pool_copy_to_gpu),
