@@ -15,6 +15,7 @@ import os
 import sys
 
 from setuptools import setup
+from setuptools.command.build_py import build_py
 
 try:
     from torch.utils import cpp_extension
@@ -103,4 +104,18 @@ def _extension():
     )
 
 
-setup(ext_modules=[_extension()], cmdclass={"build_ext": cpp_extension.BuildExtension})
+class BuildPy(build_py):
+    """Also puts pinstage-sglang.pth at the top of the build, so that it lands in site-packages beside
+    pinstage (where Python runs .pth files at start): PINSTAGE_SGLANG=1 then reaches every process."""
+
+    PTH = "pinstage-sglang.pth"
+
+    def run(self):
+        super().run()
+        self.copy_file(os.path.join(ROOT, self.PTH), os.path.join(self.build_lib, self.PTH), preserve_mode=False)
+
+    def get_outputs(self, include_bytecode=True):
+        return super().get_outputs(include_bytecode) + [os.path.join(self.build_lib, self.PTH)]
+
+
+setup(ext_modules=[_extension()], cmdclass={"build_ext": cpp_extension.BuildExtension, "build_py": BuildPy})

@@ -10,6 +10,7 @@ value, dtype, shape and device.
 """
 import dataclasses
 import enum
+import functools
 import random
 import subprocess
 import sys
@@ -277,6 +278,35 @@ def test_enable_disable_restores_every_original(sg):
     with pinstage_sglang.enabled():
         assert pinstage_sglang.is_enabled()
     assert all(owner.__dict__[name] is o for (owner, name), o in zip(owners, originals))
+
+
+@pytest.mark.parametrize("exit_by", ["disable", "enabled_block"])
+def test_disable_leaves_a_wrapper_installed_after_enable(sg, exit_by):
+    """Another library wraps a patched function while pinstage is enabled: disable() (or the end of
+    enabled()) puts back the other functions and leaves that wrapper in place."""
+    owners = [(sg.ScheduleBatch, "filter_batch"), (sg.allocation, "write_cache_indices")]
+    originals = [owner.__dict__[name] for owner, name in owners]
+    theirs = []
+
+    def wrap(owner, name):
+        inner = owner.__dict__[name]
+        wrapper = functools.wraps(inner)(lambda *args, **kwargs: inner(*args, **kwargs))
+        setattr(owner, name, wrapper)
+        theirs.append(wrapper)
+
+    try:
+        if exit_by == "disable":
+            pinstage_sglang.enable()
+            wrap(*owners[0])
+            pinstage_sglang.disable()
+        else:
+            with pinstage_sglang.enabled():
+                wrap(*owners[0])
+        assert sg.ScheduleBatch.__dict__["filter_batch"] is theirs[0]
+        assert sg.allocation.__dict__["write_cache_indices"] is originals[1]
+        assert not pinstage_sglang.is_enabled()
+    finally:
+        sg.ScheduleBatch.filter_batch = originals[0]
 
 
 def test_enable_refuses_an_untested_version(sg, monkeypatch):

@@ -4,13 +4,16 @@ Every output is compared with what vLLM's original gives for the same input (val
 device); on CUDA, with more steps in flight than the UVA pool's depth behind a busy kernel, the
 originals serve wrong values (reproduced here) and the plugin none.
 """
+import functools
 import importlib
+import logging
 import pathlib
 import subprocess
 import sys
 import textwrap
 import tomllib
 import types
+import warnings
 
 import gpu_busy
 import numpy as np
@@ -36,6 +39,15 @@ def vllm():
 
     yield vllm_stubs.load_vllm()
     vllm_stubs.unload_vllm()
+
+
+@pytest.fixture
+def cuda_staging(monkeypatch):
+    """As where pinstage stages to CUDA (a CUDA build, a GPU visible): what plugin() asks first."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(pinstage._C, "cuda_device_count", lambda: 1)
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.delenv(plugin.SWITCH, raising=False)
 
 
 @pytest.fixture
@@ -70,15 +82,16 @@ def _staging_calls():
     return sum(pinstage.stats(device)["calls"] for device in ["cpu"] + ["cuda"] * torch.cuda.is_available())
 
 
-def _plugin_and_original(run):
-    """run() with the plugin, then as vLLM has it; the plugin's run must have gone through pinstage."""
+def _plugin_and_original(run, staged=True):
+    """run() with the plugin, then as vLLM has it; the plugin's run must have gone through pinstage
+    (staged) or not at all."""
     calls = _staging_calls()
     plugin.enable()
     try:
         routed = run()
     finally:
         plugin.disable()
-    assert _staging_calls() > calls, "the plugin's run did not stage through pinstage"
+    assert (_staging_calls() > calls) == staged, "the plugin's run did not stage as expected"
     original = run()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -128,24 +141,65 @@ def test_what_pinstage_does_not_cover_runs_vllms_own_code(vllm, enabled):
     h2d = vllm.torch_utils.async_tensor_h2d
     calls = _staging_calls()
     for data, kwargs in (([1, 2.5], lambda: {"device": "cpu"}),  # a list without dtype: torch infers it
-                         (np.arange(3), lambda: {"device": "cpu", "dtype": torch.complex64}),
-                         (np.arange(6).reshape(2, 3), lambda: {"out": torch.zeros(4, 2, 3, dtype=torch.int64)})):
+                         (np.arange(3), lambda: {"device": "cpu", "dtype": torch.complex64})):
         assert_same_tensor(h2d(data, **kwargs()), h2d.__wrapped__(data, **kwargs()))
     assert _staging_calls() == calls
     with pytest.raises(AssertionError, match="must provide destination tensor or device"):
         h2d([1, 2], dtype=torch.int32)
 
 
-def test_bad_values_raise_what_vllm_raises_naming_the_element(vllm):
-    data = [1, 2, "three"]
-    with pytest.raises(Exception) as original:
-        vllm.torch_utils.async_tensor_h2d(data, device="cpu", dtype=torch.int64)
-    with pytest.raises(type(original.value), match=r"\[2\] = 'three'.*int64"):
-        plugin.enable()
-        try:
-            vllm.torch_utils.async_tensor_h2d(data, device="cpu", dtype=torch.int64)
-        finally:
-            plugin.disable()
+@pytest.mark.parametrize("data", [np.arange(6).reshape(2, 3), [[1, 2, 3]], [7]], ids=["array", "nested", "one"])
+def test_async_tensor_h2d_out_broadcasts_like_vllm(vllm, data):
+    """vLLM's out.copy_(tensor) broadcasts data of another shape into out."""
+    def fill():
+        out = torch.zeros(4, 2, 3, dtype=torch.int64)
+        assert vllm.torch_utils.async_tensor_h2d(data, out=out) is out
+        return out
+
+    assert_same_tensor(*_plugin_and_original(fill))
+
+
+def _outcome(call):
+    try:
+        return "gives", call()
+    except Exception as exc:  # the type and text vLLM's caller sees
+        return type(exc), str(exc)
+
+
+# Values numpy (vLLM's pools) or torch (async_tensor_h2d) refuses, or accepts where pinstage would not.
+BAD_VALUES = [[300], [-1], [2**31], [2**63], [-2**63 - 1], [2**64], [1e40], [float("nan")], [float("inf")], [1.5],
+              ["3"], ["x"], [None], [object()], [[1, 2]], [b"1"], [1 + 2j], [np.int64(2**40)], [np.float64(1e300)]]
+BAD_DATA = [None, "abc", 5, {"a": 1}, np.array(["a"]), np.array([1 + 2j]), torch.tensor([1 + 2j]), np.zeros((2, 3)),
+            np.array([300]), torch.zeros(2, device="meta"), [[1], [2]]]
+BAD_DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.uint64, torch.float16, torch.float32]
+
+
+@pytest.mark.parametrize("dtype", BAD_DTYPES, ids=str)
+def test_bad_input_raises_what_vllms_own_function_raises(vllm, dtype):
+    """A replaced function raises what vLLM's raises (an int8 pool given 300: numpy's OverflowError, on
+    which an engine's `except OverflowError` relies) and gives what it gives where vLLM accepts."""
+    calls = {
+        "UvaBufferPool.copy_to_uva": lambda x: vllm.buffer_utils.UvaBufferPool(4, dtype).copy_to_uva(x),
+        "UvaBufferPool.copy_to_gpu": lambda x: vllm.buffer_utils.UvaBufferPool((4, 2), dtype).copy_to_gpu(x),
+        "UvaBufferPool.copy_to_gpu(out=)": lambda x: vllm.buffer_utils.UvaBufferPool(4, dtype).copy_to_gpu(
+            x, out=torch.zeros(2, dtype=dtype)),
+        "async_tensor_h2d": lambda x: vllm.torch_utils.async_tensor_h2d(x, device="cpu", dtype=dtype),
+        "async_tensor_h2d(out=)": lambda x: vllm.torch_utils.async_tensor_h2d(x, out=torch.zeros(2, dtype=dtype)),
+    }
+    differ = []
+    for name, call in calls.items():
+        for x in BAD_VALUES + BAD_DATA:
+            original = _outcome(lambda: call(x))
+            plugin.enable()
+            try:
+                routed = _outcome(lambda: call(x))
+            finally:
+                plugin.disable()
+            same = (routed == original if original[0] != "gives"
+                    else routed[0] == "gives" and repr(_settle(routed[1])) == repr(_settle(original[1])))
+            if not same:
+                differ.append((name, x, original, routed))
+    assert not differ, differ
 
 
 @pytest.mark.parametrize("dtype", POOL_DTYPES, ids=str)
@@ -167,7 +221,9 @@ def test_uva_buffer_pool_gives_vllms_rows(vllm, dtype, form, row_shape, rng):
             results.append(_settle(out))
         return results
 
-    for routed, original in zip(*_plugin_and_original(run)):
+    # numpy checks a list's range for an unsigned pool (-1 raises; torch.tensor would wrap): vLLM's
+    unsigned_list = form == "list" and dtype == torch.uint64
+    for routed, original in zip(*_plugin_and_original(run, staged=not unsigned_list)):
         assert_same_tensor(routed, original)
 
 
@@ -248,9 +304,10 @@ def test_enable_is_idempotent_and_disable_restores_every_original(vllm):
     ("enable", lambda: pytest.raises(RuntimeError, match=r"vLLM 0\.34\.0 is not supported; tested with vLLM 0\.33\.0")),
     # vLLM loads every installed plugin when VLLM_PLUGINS is unset: under an untested vLLM the entry
     # point must let vLLM start, with its own helpers, and say why.
-    ("plugin", lambda: pytest.warns(RuntimeWarning, match=r"vLLM 0\.34\.0 is not supported; tested with vLLM 0\.33\.0")),
+    ("plugin", lambda: pytest.warns(RuntimeWarning,
+                                    match=r"vLLM 0\.34\.0 is not supported; tested with vLLM 0\.33\.0")),
 ])
-def test_untested_vllm_versions_are_refused_and_nothing_changes(vllm, monkeypatch, entry, refusal):
+def test_untested_vllm_versions_are_refused_and_nothing_changes(vllm, monkeypatch, cuda_staging, entry, refusal):
     originals = _routed_helpers(vllm)
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.34.0")
     with refusal():
@@ -261,6 +318,124 @@ def test_untested_vllm_versions_are_refused_and_nothing_changes(vllm, monkeypatc
     routed = _routed_helpers(vllm)
     plugin.disable()
     assert all(routed[name] is not originals[name] for name in originals)
+
+
+@pytest.mark.parametrize("where, why", [
+    ("no_gpu", "no CUDA device is visible"),
+    ("cpu_build", "this pinstage was built without CUDA"),
+    ("rocm", r"torch .* is a ROCm build"),
+])
+def test_the_plugin_declines_with_one_warning_where_pinstage_cannot_stage_to_cuda(vllm, monkeypatch, cuda_staging,
+                                                                                    where, why):
+    """vLLM loads every installed plugin: where pinstage cannot stage to vLLM's device, vLLM keeps its
+    own helpers (before, the patched helpers raised "built without CUDA" or gave CPU tensors)."""
+    if where == "no_gpu":
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    elif where == "cpu_build":
+        monkeypatch.setattr(pinstage._C, "cuda_device_count", lambda: 0)
+    else:
+        monkeypatch.setattr(torch.version, "hip", "6.4.0")
+    originals = _routed_helpers(vllm)
+    with pytest.warns(RuntimeWarning, match=why + ".*vLLM's own staging helpers stay in place") as caught:
+        plugin.plugin()
+    assert len([w for w in caught if issubclass(w.category, RuntimeWarning)]) == 1
+    assert _routed_helpers(vllm) == originals
+
+
+def test_this_machines_pinstage_decides_without_pretending(vllm):
+    """Here (CPU-only build, or a GPU machine with a CUDA build) plugin() routes exactly when
+    pinstage stages to CUDA."""
+    originals = _routed_helpers(vllm)
+    can = torch.cuda.is_available() and pinstage._C.cuda_device_count() > 0 and not torch.version.hip
+    assert (pinstage._C.cuda_device_count() > 0) == (pinstage.stats()["device"] != "cpu")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            plugin.plugin()
+        assert (_routed_helpers(vllm) != originals) == can
+        assert len(caught) == (0 if can else 1), [str(w.message) for w in caught]
+    finally:
+        plugin.disable()
+
+
+def test_pinstage_vllm_0_switches_the_plugin_off(vllm, monkeypatch, cuda_staging, caplog):
+    originals = _routed_helpers(vllm)
+    for off in ("0", "off", "false"):
+        monkeypatch.setenv(plugin.SWITCH, off)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            plugin.plugin()
+        assert _routed_helpers(vllm) == originals
+    monkeypatch.setenv(plugin.SWITCH, "1")
+    plugin.plugin()
+    try:
+        assert all(routed is not originals[name] for name, routed in _routed_helpers(vllm).items())
+    finally:
+        plugin.disable()
+
+
+def test_activation_logs_one_line_naming_what_was_replaced(vllm, caplog):
+    with caplog.at_level(logging.INFO, logger="pinstage"):
+        plugin.enable()
+        plugin.enable()
+    plugin.disable()
+    lines = [r.getMessage() for r in caplog.records if r.name == "pinstage"]
+    assert len(lines) == 1, lines
+    for name in ("async_tensor_h2d", "UvaBufferPool.copy_to_uva", "UvaBufferPool.copy_to_gpu",
+                 "CpuGpuBuffer.copy_to_gpu", "PINSTAGE_VLLM=0"):
+        assert name in lines[0]
+
+
+def test_counters_count_calls_routed_and_calls_left_to_vllm(vllm, enabled):
+    def delta(call):
+        before = plugin.counters()
+        call()
+        after = plugin.counters()
+        return {name: (after[name]["routed"] - before[name]["routed"], after[name]["to_vllm"] - before[name]["to_vllm"])
+                for name in after if after[name] != before.get(name)}
+
+    h2d = vllm.torch_utils.async_tensor_h2d
+    assert delta(lambda: h2d([1, 2], device="cpu", dtype=torch.int32)) == {"async_tensor_h2d": (1, 0)}
+    assert delta(lambda: h2d([1, 2], device="cpu")) == {"async_tensor_h2d": (0, 1)}  # no dtype: vLLM's
+    pool = vllm.buffer_utils.UvaBufferPool(4, torch.int8)
+    assert delta(lambda: pool.copy_to_uva([1, 2])) == {"UvaBufferPool.copy_to_uva": (1, 0)}
+    with pytest.raises(OverflowError):
+        pool.copy_to_uva([300])
+    assert plugin.counters()["UvaBufferPool.copy_to_uva"]["to_vllm"] >= 1
+    buffer = vllm.v1_utils.CpuGpuBuffer(4, dtype=torch.int32, device=torch.device("cpu"))
+    assert delta(buffer.copy_to_gpu) == {"CpuGpuBuffer.copy_to_gpu": (1, 0)}
+
+
+@pytest.mark.parametrize("device", ["meta", pytest.param("cuda", id="cuda_unserved")])
+def test_a_device_pinstage_cannot_stage_to_gets_vllms_own_function(vllm, enabled, monkeypatch, device):
+    """Per call: a target pinstage does not stage to (the meta device; CUDA where this pinstage has
+    no CUDA, forced here) runs vLLM's function, whose result keeps vLLM's device (before: pinstage
+    raised, or gave CPU tensors)."""
+    if device == "cuda":
+        monkeypatch.setattr(plugin, "_cuda_served", False)
+    calls = _staging_calls()
+    h2d = vllm.torch_utils.async_tensor_h2d
+    assert _outcome(lambda: h2d([1, 2], device=device, dtype=torch.int32).device) == \
+        _outcome(lambda: h2d.__wrapped__([1, 2], device=device, dtype=torch.int32).device)
+    if device == "meta":
+        buffer = vllm.v1_utils.CpuGpuBuffer(4, dtype=torch.int32, device=torch.device("meta"))
+        assert buffer.copy_to_gpu().device == torch.device("meta")
+    assert _staging_calls() == calls
+
+
+def test_disable_leaves_a_wrapper_installed_after_enable(vllm):
+    originals = _routed_helpers(vllm)
+    pool_cls = vllm.buffer_utils.UvaBufferPool
+    plugin.enable()
+    other = functools.wraps(pool_cls.copy_to_uva)(lambda self, x: "other")
+    pool_cls.copy_to_uva = other  # another library's wrapper, installed while pinstage is enabled
+    plugin.disable()
+    try:
+        assert pool_cls.__dict__["copy_to_uva"] is other
+        assert {k: v for k, v in _routed_helpers(vllm).items() if k != "UvaBufferPool.copy_to_uva"} == \
+            {k: v for k, v in originals.items() if k != "UvaBufferPool.copy_to_uva"}
+    finally:
+        pool_cls.copy_to_uva = originals["UvaBufferPool.copy_to_uva"]
 
 
 def test_the_entry_point_is_declared_for_vllm():

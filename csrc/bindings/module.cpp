@@ -168,6 +168,9 @@ PYBIND11_MODULE(_C, m) {
       if (d.is_cuda()) free_unused_ring_memory(d.index());
     });
   });
+  // The CUDA devices pinstage can stage to: 0 when built without CUDA. Initialises no CUDA state, so
+  // that an engine's plugin can decide in a process that never uses the GPU.
+  m.def("cuda_device_count", [] { return visible_cuda_devices(); });
   m.def("target_device", [](py::handle stream, py::handle device) {
     return translate_errors([&] { return resolve_target(stream.ptr(), device.ptr()).device; });
   });

@@ -6,6 +6,9 @@ pinstage's ring, with every SGLang output unchanged.
     with pinstage_sglang.enabled():   # or for a block
         ...
 
+SGLang starts its scheduler in processes of its own: PINSTAGE_SGLANG=1 in the environment it starts
+in enables the integration in each of them (pinstage-sglang.pth and _pinstage_hook; docs/engines.md).
+
 What changes while enabled (SGLang 0.5.23):
 - SamplingBatchInfo.from_schedule_batch: the sampling tensors in one stage_many (pinstage's own
   implementation; batches with logit bias, custom logit processors, sampling masks or watermarks
@@ -21,8 +24,8 @@ import contextlib
 import importlib
 import importlib.metadata
 import threading
-from typing import Any, List, Tuple
 
+from ._patches import Patches
 from ._sglang_cache import make_write_cache_indices
 from ._sglang_sampling import make_from_schedule_batch, rows_to_device_indices
 from ._sglang_sites import with_staged_copies
@@ -41,7 +44,7 @@ _ALLOCATION = "sglang.srt.mem_cache.allocation"
 _POOL = "sglang.srt.mem_cache.memory_pool"
 
 _lock = threading.Lock()
-_originals: List[Tuple[Any, str, Any]] = []  # (owner, attribute, the owner's own value before enable()), in patch order
+_patches = Patches()
 
 
 def installed_version():
@@ -53,14 +56,14 @@ def installed_version():
 
 
 def is_enabled():
-    return bool(_originals)
+    return bool(_patches)
 
 
 def enable():
     """Routes SGLang's per-step staging through pinstage. Raises RuntimeError naming the tested
     versions when the installed SGLang is another one (or missing); a second call does nothing."""
     with _lock:
-        if _originals:
+        if _patches:
             return
         version = installed_version()
         # A local build tag (0.5.23+cu130) leaves the released source as it was.
@@ -72,16 +75,14 @@ def enable():
             )
         patches = _replacements()  # everything built before anything is replaced
         for owner, attribute, replacement in patches:
-            _originals.append((owner, attribute, owner.__dict__[attribute]))
-            setattr(owner, attribute, replacement)
+            _patches.replace(owner, attribute, replacement)
 
 
 def disable():
-    """Puts back every SGLang function that enable() replaced. Harmless when not enabled."""
+    """Puts back every SGLang function that enable() replaced, except where other code has
+    replaced pinstage's function since (that wrapper stays). Harmless when not enabled."""
     with _lock:
-        while _originals:
-            owner, attribute, original = _originals.pop()
-            setattr(owner, attribute, original)
+        _patches.restore()
 
 
 @contextlib.contextmanager

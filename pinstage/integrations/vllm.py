@@ -1,7 +1,10 @@
 """vLLM's host-to-device staging helpers on pinstage's ring: a vLLM general plugin.
 
-`enable` is the plugin (entry point `pinstage` in the group `vllm.general_plugins`): vLLM calls it
-in each process it starts when VLLM_PLUGINS names `pinstage` or is unset. While enabled:
+`plugin` is the entry point (`pinstage` in the group `vllm.general_plugins`): vLLM calls it in each
+process it starts when VLLM_PLUGINS names `pinstage` or is unset. It routes the helpers below through
+pinstage, with one log line (logger "pinstage", INFO) naming them, unless PINSTAGE_VLLM=0 or pinstage
+cannot stage to vLLM's device here (a ROCm torch, no CUDA device visible, pinstage built without
+CUDA): then it warns once and vLLM's own helpers stay. While routed:
 
 - vllm.utils.torch_utils.async_tensor_h2d (and every module's own reference to it) stages through
   pinstage.stage_to_device, or pinstage.stage_into for `out=`, in place of a pinned tensor per call;
@@ -11,59 +14,96 @@ in each process it starts when VLLM_PLUGINS names `pinstage` or is unset. While 
 - CpuGpuBuffer.copy_to_gpu stages its host rows through the ring, so that the host may rewrite
   .cpu/.np as soon as the call returns.
 
-Same signatures, dtypes, shapes and devices as vLLM's. A call pinstage does not cover (a dtype it
-lacks, a list without a dtype, a shape vLLM would broadcast) and a call on a stream capturing a CUDA
-graph run vLLM's own function. Importing this module imports nothing of vLLM; enable() does.
+Same signatures, dtypes, shapes and devices as vLLM's. vLLM's own function runs a call that pinstage
+does not cover (a dtype it lacks, a list without a dtype, a device it cannot stage to, a list into an
+unsigned pool, whose range numpy checks) and every call that pinstage refuses (values it cannot
+convert, a stream capturing a CUDA graph, a full ring with on_full="error"): so a replaced function
+gives what vLLM's gives and raises what vLLM's raises. counters() says how many calls took each way.
+Importing this module imports nothing of vLLM; enable() does.
 """
 import functools
 import importlib.metadata
-import sys
+import itertools
+import logging
+import os
 import threading
 import types
 import warnings
 from collections.abc import Sequence
-from typing import Any, List, Tuple
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 import torch
 
 import pinstage
 
+from ._patches import Patches
+
 TESTED_VERSIONS = ("0.33.0",)
+SWITCH = "PINSTAGE_VLLM"  # "0" (or off/false/no): the plugin leaves vLLM as it is
 
 _DTYPES = frozenset((torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16,
                      torch.uint32, torch.uint64, torch.float16, torch.bfloat16, torch.float32, torch.float64))
+_UNSIGNED = frozenset((torch.uint8, torch.uint16, torch.uint32, torch.uint64))
 _NUMPY_DTYPES = {torch.empty(0, dtype=t).numpy().dtype: t for t in _DTYPES if t is not torch.bfloat16}
 
+_log = logging.getLogger("pinstage")
 _lock = threading.Lock()
-_replaced: List[Tuple[Any, str, Any, Any]] = []  # (owner, name, original, replacement): what disable() puts back
+_patches = Patches()
+# replaced function -> (calls routed through pinstage, calls left to vLLM): next() on a count is one
+# C call, exact under threads and cheaper than a lock
+_counts: Dict[str, Tuple[Iterator[int], Iterator[int]]] = {}
+# Set by enable(): whether pinstage stages to CUDA here, where vLLM's UVA pools put their rows (None
+# where pinstage cannot stage to it), and each `device` argument seen, as a target pinstage serves.
+_cuda_served = False
+_pool_device: Optional[torch.device] = None
+_device_served: Dict[Any, bool] = {}
 
 
 def _host_data(data):
     return isinstance(data, (list, tuple, np.ndarray)) or (isinstance(data, torch.Tensor) and data.is_cpu)
 
 
+def _serves(device):
+    return device.type == "cpu" or (device.type == "cuda" and _cuda_served)
+
+
+def _serves_tensor(tensor):
+    return tensor.is_cpu or (tensor.is_cuda and _cuda_served)
+
+
+def _serves_argument(device):
+    served = _device_served.get(device)
+    if served is None:
+        served = _device_served[device] = _serves(torch.device(device))
+    return served
+
+
 def _staged_h2d(data, device=None, dtype=None, out=None):
     if out is not None:
-        # vLLM broadcasts data into out; pinstage fills it element for element, so shapes must agree.
-        same_shape = (out.dim() == 1 and len(data) == len(out) if isinstance(data, (list, tuple))
-                      else _host_data(data) and tuple(data.shape) == tuple(out.shape))
-        if dtype in (None, out.dtype) and out.dtype in _DTYPES and same_shape and out.is_contiguous():
+        # vLLM asserts that the dtypes agree and that data is on the host
+        if (dtype not in (None, out.dtype) or out.dtype not in _DTYPES or not _host_data(data)
+                or not _serves_tensor(out)):
+            return None
+        if not isinstance(data, (list, tuple)) and tuple(data.shape) == tuple(out.shape) and out.is_contiguous():
             return pinstage.stage_into(data, out)
-        return None
+        # vLLM's out.copy_(torch.tensor(data)): broadcasts, or raises where the shapes do not fit
+        return out.copy_(pinstage.stage_to_device(data, out.dtype, device=out.device), non_blocking=True)
     if dtype is None and not isinstance(data, (list, tuple)):
         dtype = _NUMPY_DTYPES.get(data.dtype) if isinstance(data, np.ndarray) else getattr(data, "dtype", None)
-    if device is None or dtype not in _DTYPES or not _host_data(data):
+    if device is None or dtype not in _DTYPES or not _host_data(data) or not _serves_argument(device):
         return None
     return pinstage.stage_to_device(data, dtype, device=device)
 
 
 def _pool_rows(pool, x):
-    """x as the rows a UvaBufferPool gives: (len(x), *size[1:]) of the pool's dtype on the current
-    device, in device memory of their own."""
-    if pool.dtype not in _DTYPES or not _host_data(x):
+    """x as the rows a UvaBufferPool gives: (len(x), *size[1:]) of the pool's dtype on its device, in
+    device memory of their own."""
+    if pool.dtype not in _DTYPES or not _host_data(x) or _pool_device is None:
         return None
-    rows = pinstage.stage_to_device(x, pool.dtype)
+    if pool.dtype in _UNSIGNED and isinstance(x, (list, tuple)):
+        return None  # numpy refuses a negative value there (OverflowError); torch.tensor wraps it
+    rows = pinstage.stage_to_device(x, pool.dtype, device=_pool_device)
     row_shape = tuple(pool.size[1:]) if isinstance(pool.size, Sequence) else ()
     return rows if tuple(rows.shape) == (len(x),) + row_shape else None
 
@@ -77,29 +117,40 @@ def _staged_pool_copy_to_gpu(self, x, out=None):
 
 def _staged_buffer_copy_to_gpu(self, n=None):
     cpu, gpu = (self.cpu, self.gpu) if n is None else (self.cpu[:n], self.gpu[:n])
-    return pinstage.stage_into(cpu, gpu) if cpu.dtype in _DTYPES and gpu.is_contiguous() else None
+    if cpu.dtype not in _DTYPES or not gpu.is_contiguous() or not _serves_tensor(gpu):
+        return None
+    return pinstage.stage_into(cpu, gpu)
 
 
-def _routed(original, staged):
-    """original's stand-in: `staged` where it covers the call (gives a result), else original."""
+def _routed(label, original, staged):
+    """original's stand-in: `staged` where it covers the call (gives a result), else original; also
+    where pinstage raises, so that the caller gets vLLM's own result or exception (numpy's
+    OverflowError for an out-of-range value in a pool, not pinstage's RuntimeError)."""
+    routed, left = _counts.setdefault(label, (itertools.count(), itertools.count()))
 
     @functools.wraps(original)
     def call(*args, **kwargs):
         try:
             result = staged(*args, **kwargs)
-        except RuntimeError:
-            # pinstage refuses a capturing stream (its ring would be reused before the graph
-            # replays); there vLLM's own code runs, as it would without the plugin.
-            if not (torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()):
-                raise
+        except Exception:
             result = None
-        return original(*args, **kwargs) if result is None else result
+        if result is None:
+            next(left)
+            return original(*args, **kwargs)
+        next(routed)
+        return result
 
     return call
 
 
-def _modules():
-    return [module for module in list(sys.modules.values()) if isinstance(module, types.ModuleType)]
+def counters():
+    """{replaced function: {"routed": calls staged by pinstage, "to_vllm": calls run by vLLM's own
+    function}} since the process started (also while disabled: what ran through a replacement)."""
+    return {label: {"routed": _value(routed), "to_vllm": _value(left)} for label, (routed, left) in _counts.items()}
+
+
+def _value(count):
+    return int(repr(count)[len("count("):-1])  # the next value a count gives: the calls so far
 
 
 def _check_version():
@@ -112,61 +163,80 @@ def _check_version():
                            % (version, ", ".join(TESTED_VERSIONS)))
 
 
+def _no_cuda_staging():
+    """Why pinstage cannot stage to a CUDA device in this process, or None. Initialises no CUDA
+    state (vLLM loads plugins in processes that never use the GPU)."""
+    if torch.version.hip:
+        return "torch %s is a ROCm build; pinstage stages to CUDA devices only" % torch.__version__
+    if not torch.cuda.is_available():
+        return "no CUDA device is visible"
+    if pinstage._C.cuda_device_count() == 0:
+        return "this pinstage was built without CUDA (rebuild it where the CUDA toolkit is: see the README)"
+    return None
+
+
 def _replace(owner, name, staged):
     """Replaces owner.name; where owner is a module, also the reference that every module which did
     `from owner import name` holds (modules imported later take the replacement from owner)."""
-    original = owner.__dict__[name]
-    replacement = _routed(original, staged)
-    holders = [owner]
-    if isinstance(owner, types.ModuleType):
-        holders += [module for module in _modules() if module is not owner and vars(module).get(name) is original]
-    for holder in holders:
-        _replaced.append((holder, name, original, replacement))
-        setattr(holder, name, replacement)
+    label = name if isinstance(owner, types.ModuleType) else "%s.%s" % (owner.__name__, name)
+    _patches.replace(owner, name, _routed(label, owner.__dict__[name], staged), importers=True)
+    return label
 
 
 def enable():
-    """Routes vLLM's staging helpers through pinstage (the vLLM general plugin). Idempotent; does not
-    initialise CUDA. Raises RuntimeError for a vLLM version it was not tested with."""
+    """Routes vLLM's staging helpers through pinstage, also where pinstage cannot stage to CUDA
+    (calls for such a device run vLLM's own function; plugin() declines instead). Idempotent; does
+    not initialise CUDA. Raises RuntimeError for a vLLM version it was not tested with."""
+    global _cuda_served, _pool_device
     with _lock:
-        if _replaced:
+        if _patches:
             return
         _check_version()
+        from vllm.platforms import current_platform
         from vllm.utils import torch_utils
         from vllm.v1 import utils as v1_utils
         from vllm.v1.worker.gpu import buffer_utils
 
-        _replace(torch_utils, "async_tensor_h2d", _staged_h2d)
-        _replace(buffer_utils.UvaBufferPool, "copy_to_uva", _pool_rows)
-        _replace(buffer_utils.UvaBufferPool, "copy_to_gpu", _staged_pool_copy_to_gpu)
-        _replace(v1_utils.CpuGpuBuffer, "copy_to_gpu", _staged_buffer_copy_to_gpu)
+        _cuda_served = _no_cuda_staging() is None
+        _device_served.clear()
+        pool_device = torch.device(current_platform.device_type)  # UVA views and NonUvaBuffer are there
+        _pool_device = pool_device if _serves(pool_device) else None
+        labels = [_replace(torch_utils, "async_tensor_h2d", _staged_h2d),
+                  _replace(buffer_utils.UvaBufferPool, "copy_to_uva", _pool_rows),
+                  _replace(buffer_utils.UvaBufferPool, "copy_to_gpu", _staged_pool_copy_to_gpu),
+                  _replace(v1_utils.CpuGpuBuffer, "copy_to_gpu", _staged_buffer_copy_to_gpu)]
+        _log.info("pinstage %s: vLLM's %s stage through pinstage's ring (%s=0 turns this off; "
+                  "pinstage.integrations.vllm.counters() counts the calls)",
+                  pinstage.__version__, ", ".join(labels), SWITCH)
+
+
+def _switched_off():
+    return os.environ.get(SWITCH, "").strip().lower() in ("0", "off", "false", "no")
 
 
 def plugin():
-    """The vLLM general plugin (entry point `pinstage` in vllm.general_plugins): enable(), except that
-    under a vLLM version it was not tested with it warns and changes nothing. vLLM loads every
-    installed plugin when VLLM_PLUGINS is unset, so raising here would stop vLLM from starting merely
-    because pinstage is installed beside it."""
+    """The vLLM general plugin (entry point `pinstage` in vllm.general_plugins): enable(), unless
+    PINSTAGE_VLLM=0, or the vLLM version was not tested, or pinstage cannot stage to CUDA here; in
+    the last two cases it warns once and changes nothing. vLLM loads every installed plugin when
+    VLLM_PLUGINS is unset, so raising here would stop vLLM from starting merely because pinstage is
+    installed beside it."""
+    if _switched_off():
+        _log.info("pinstage: %s=0, vLLM's own staging helpers stay in place", SWITCH)
+        return
     try:
         _check_version()
+        why = _no_cuda_staging()
     except RuntimeError as exc:
-        warnings.warn("%s; vLLM's own staging helpers stay in place" % exc, RuntimeWarning, stacklevel=2)
+        why = str(exc)
+    if why is not None:
+        warnings.warn("pinstage.integrations.vllm: %s; vLLM's own staging helpers stay in place" % why,
+                      RuntimeWarning, stacklevel=2)
         return
     enable()
 
 
 def disable():
-    """Puts back every original that enable() replaced, also in modules imported since then."""
+    """Puts back every original that enable() replaced, also in modules imported since then, except
+    where other code has replaced pinstage's function since (that wrapper stays)."""
     with _lock:
-        originals = {replacement: original for _, _, original, replacement in _replaced}
-        names = {name for _, name, _, _ in _replaced}
-        for module in _modules():
-            for name in names:
-                held = vars(module).get(name)
-                if isinstance(held, types.FunctionType) and held in originals:
-                    setattr(module, name, originals[held])
-        for owner, name, original, replacement in _replaced:
-            if owner.__dict__.get(name) is replacement:  # leaves alone what others replaced since
-                setattr(owner, name, original)
-        _replaced.clear()
-
+        _patches.restore()
