@@ -7,7 +7,7 @@ pinstage's ring, with every SGLang output unchanged.
         ...
 
 SGLang starts its scheduler in processes of its own: PINSTAGE_SGLANG=1 in the environment it starts
-in enables the integration in each of them (pinstage-sglang.pth and _pinstage_hook; docs/engines.md).
+in enables the integration in each of them (pinstage-sglang.pth and _pinstage_hook; docs/integrations.md).
 
 What changes while enabled (SGLang 0.5.23):
 - SamplingBatchInfo.from_schedule_batch: the sampling tensors in one stage_many (pinstage's own
