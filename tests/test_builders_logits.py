@@ -105,6 +105,20 @@ def test_invalid_lengths_name_the_request(bs, n, start, error, message):
         build_logprob_indices(lens, starts, device="cpu")
 
 
+def test_rows_past_int64_are_refused_naming_the_request():
+    """lengths == starts == 2**62: the requests' rows add up past 2**63 - 1, where the row indices
+    once wrapped to negative values without an error. The largest total that fits is served."""
+    lens = [2**62] * 3
+    message = rf"request 1: extend_seq_lens {2**62} after {2**62} rows of the requests before it"
+    with pytest.raises(RuntimeError, match=message):
+        build_logprob_indices(lens, lens, device="cpu")
+    with pytest.raises(RuntimeError, match=message):
+        torch.ops.pinstage.logprob_indices(torch.tensor(lens), torch.tensor(lens))
+    got = build_logprob_indices([2**62, 2**62 - 1], [2**62, 2**62 - 1], device="cpu")
+    assert got.pruned_row_indices.tolist() == [2**62 - 1, 2**63 - 2]
+    assert got.sample_indices.tolist() == [0, 1]
+
+
 @pytest.mark.parametrize("field", ["lens", "starts"])
 def test_uint64_beyond_int64_is_named_with_its_value(field):
     """Checked before the cast to int64, which would report 2**64 - 1 as -1."""
