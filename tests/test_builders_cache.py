@@ -141,6 +141,43 @@ def test_lists_of_different_lengths_are_rejected(rng, field):
         run(batch)
 
 
+NOT_INTEGERS = [
+    (torch.tensor([0.9, 2.7, 1.5, 3.2]), r"prefix_lens must hold integers, got a tensor of torch.float32"),
+    (torch.tensor([True, False, True, True]), r"prefix_lens must hold integers, got a tensor of torch.bool"),
+    (np.array([0.9, 2.7, 1.5, 3.2]), r"prefix_lens must hold integers, got a numpy array of float64"),
+    (np.array([True, False, True, True]), r"prefix_lens must hold integers, got a numpy array of bool"),
+    ([True, 2, 0, 1], r"request 0: prefix_lens must be an int, got bool"),
+    ([0, np.bool_(True), 0, 1], r"request 1: prefix_lens must be an int, got bool"),
+    ([0, 1, torch.tensor(True), 1], r"request 2: prefix_lens must be an int, got a tensor of torch.bool"),
+    ([0, 1, 2, torch.tensor(0.9)], r"request 3: prefix_lens must be an int, got a tensor of torch.float32"),
+]
+
+
+@pytest.mark.parametrize("column, message", NOT_INTEGERS, ids=[f"case{i}" for i in range(len(NOT_INTEGERS))])
+def test_float_and_bool_columns_are_refused_not_truncated(rng, column, message):
+    """numpy and torch read 0.9 as 0 and True as 1: another request's row would be written."""
+    batch = random_batch(rng, 4, "cpu")
+    batch["prefix_lens"] = column
+    with pytest.raises(TypeError, match=message):
+        run(batch)
+    assert (batch["req_to_token"] == SENTINEL).all()
+
+
+def test_integer_tensors_and_arrays_of_any_width_are_columns(rng):
+    batch = random_batch(rng, 5, "cpu")
+    expected = reference(batch)
+    columns = ("req_pool_indices", "prefix_lens", "seq_lens", "extend_lens")
+    for convert in (lambda v: torch.tensor(v, dtype=torch.int32), torch.tensor,
+                    lambda v: np.array(v, dtype=np.uint16), lambda v: [np.int32(x) for x in v]):
+        batch["req_to_token"].fill_(SENTINEL)
+        write_cache_indices(*(convert(v) if k in columns else v for k, v in batch.items()))
+        assert torch.equal(batch["req_to_token"], expected)
+    empty = torch.full((2, 4), SENTINEL, dtype=torch.int32)
+    none = np.array([])
+    write_cache_indices(empty, none, [], none, none, none, torch.zeros(0, dtype=torch.int64))
+    assert (empty == SENTINEL).all()  # numpy's empty array is float64: an empty batch all the same
+
+
 def test_req_to_token_must_be_int32_rows():
     table = torch.zeros(4, 8, dtype=torch.int64)
     with pytest.raises(TypeError, match="req_to_token must be torch.int32, got torch.int64"):

@@ -2,7 +2,7 @@
 write_cache_indices does before a prefill: the cached prefix's slots at [0, prefix_len), the newly
 allocated slots (its slice of out_cache_loc) at [prefix_len, seq_len)."""
 import contextlib
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any, Iterable, List, Optional, Sequence, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -12,8 +12,8 @@ import pinstage
 
 _FIELDS = ("req_pool_indices", "prefix_lens", "seq_lens", "extend_lens")
 
-# One int per request: a list or an integer numpy array.
-IntColumn = Union[Sequence[int], npt.NDArray[np.integer[Any]]]
+# One int per request: a list, an integer numpy array or an integer CPU tensor.
+IntColumn = Union[Sequence[int], npt.NDArray[np.integer[Any]], torch.Tensor]
 
 
 def write_cache_indices(
@@ -28,13 +28,14 @@ def write_cache_indices(
     stream: Optional[torch.cuda.Stream] = None,
 ) -> None:
     """req_to_token: int32 [rows, max_context_len]; out_cache_loc: int64 [sum(extend_lens)]; both on
-    one device. req_pool_indices, prefix_lens, seq_lens, extend_lens: one int per request (lists or
-    integer numpy arrays). prefix_tensors: one int64 1-D tensor per request on that device, at least
-    prefix_len long.
+    one device. req_pool_indices, prefix_lens, seq_lens, extend_lens: one int per request (lists,
+    integer numpy arrays or integer CPU tensors). prefix_tensors: one int64 1-D tensor per request on
+    that device, at least prefix_len long.
 
     Everything is validated on the host before anything is staged or written (IndexError for a row
-    outside req_to_token, TypeError for a wrong dtype, ValueError otherwise; messages name the
-    request and the field). On CUDA it is one kernel launch on `stream` (default: the current
+    outside req_to_token, TypeError for a wrong dtype, a float or a bool, ValueError otherwise;
+    messages name the request and the field; RuntimeError for a req_to_token whose rows share memory
+    or that overlaps an input). On CUDA it is one kernel launch on `stream` (default: the current
     stream) and the host does not wait. The prefix tensors are read by the kernel: as with any op on
     that stream, freeing them after the call is safe where the caching allocator orders their reuse
     (the same stream), not where another stream reuses their memory first.
@@ -71,9 +72,23 @@ def _raise_if_not_tensors(prefix_tensors: List[torch.Tensor]) -> None:
 
 
 def _int64_column(name: str, column: IntColumn) -> torch.Tensor:
-    """One int per request as a CPU int64 tensor: integer numpy arrays as they are, other columns
-    converted by pinstage's CPU path. A float, str or bool is refused (TypeError naming the request
-    and the field), not truncated; lengths and ranges are checked by the op."""
+    """One int per request as a CPU int64 tensor: integer tensors and numpy arrays as they are,
+    lists converted by pinstage's CPU path. A float, bool, complex or str column or entry is refused
+    (TypeError naming the field and the request or the dtype), never truncated or read as 0/1 into
+    another request's row; lengths and ranges are checked by the op."""
+    if isinstance(column, (torch.Tensor, np.ndarray)):
+        dtype = column.dtype
+        if column.size and not _is_integer_dtype(dtype):  # an empty batch's array may be float64
+            what = "a tensor" if isinstance(column, torch.Tensor) else "a numpy array"
+            raise TypeError(f"write_cache_indices: {name} must hold integers, got {what} of {dtype}")
+        if isinstance(column, torch.Tensor) and dtype == torch.int64 and column.device.type == "cpu":
+            return column  # as it is: the op checks its shape and its memory against req_to_token's
+    else:
+        # A copy: reading an entry can run Python code (an __index__) that changes the list.
+        column = list(column)
+        if not set(map(type, column)) <= {int}:
+            # numpy reads [True, 2] and [tensor(0.9)] as ints: each entry is looked at.
+            _check_entries(name, column)
     values = np.asarray(column)
     if values.ndim != 1:
         raise ValueError(f"write_cache_indices: {name} must be one int per request")
@@ -81,8 +96,27 @@ def _int64_column(name: str, column: IntColumn) -> torch.Tensor:
         if values.dtype.kind == "u" and values.size and values.max() >= 2**63:
             raise OverflowError(f"write_cache_indices: {name} has a value beyond int64")
         return torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64))
-    for i, value in enumerate(column):
-        if isinstance(value, (bool, np.bool_)) or not hasattr(type(value), "__index__"):
-            raise TypeError(f"write_cache_indices: request {i}: {name} must be an int, got {type(value).__name__}")
+    if isinstance(column, np.ndarray):  # an object array
+        _check_entries(name, column)
     result: torch.Tensor = pinstage.stage_to_device(column, torch.int64, device="cpu")
     return result
+
+
+def _is_integer_dtype(dtype: Union[torch.dtype, np.dtype[Any]]) -> bool:
+    if isinstance(dtype, torch.dtype):
+        return not (dtype == torch.bool or dtype.is_floating_point or dtype.is_complex)
+    return dtype.kind in "iuO"  # an object array's entries are looked at one by one
+
+
+def _check_entries(name: str, column: Iterable[Any]) -> None:
+    """TypeError naming the first entry that is not an integer (a bool, a float, a str, a tensor of
+    another dtype or shape); Python and numpy ints and objects with __index__ pass."""
+    for i, value in enumerate(column):
+        if isinstance(value, torch.Tensor):
+            ok = value.dim() == 0 and _is_integer_dtype(value.dtype)
+            got = f"a tensor of {value.dtype}"
+        else:
+            ok = not isinstance(value, (bool, np.bool_)) and hasattr(type(value), "__index__")
+            got = type(value).__name__
+        if not ok:
+            raise TypeError(f"write_cache_indices: request {i}: {name} must be an int, got {got}")
