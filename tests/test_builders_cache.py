@@ -167,7 +167,8 @@ def test_integer_tensors_and_arrays_of_any_width_are_columns(rng):
     batch = random_batch(rng, 5, "cpu")
     expected = reference(batch)
     columns = ("req_pool_indices", "prefix_lens", "seq_lens", "extend_lens")
-    for convert in (lambda v: torch.tensor(v, dtype=torch.int32), torch.tensor,
+    strided = lambda v: torch.tensor(v).repeat_interleave(2)[::2]  # noqa: E731
+    for convert in (lambda v: torch.tensor(v, dtype=torch.int32), torch.tensor, strided,
                     lambda v: np.array(v, dtype=np.uint16), lambda v: [np.int32(x) for x in v]):
         batch["req_to_token"].fill_(SENTINEL)
         write_cache_indices(*(convert(v) if k in columns else v for k, v in batch.items()))

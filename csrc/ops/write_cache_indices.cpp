@@ -102,7 +102,6 @@ void check_request_span(int64_t i, int64_t row, int64_t prefix_len, int64_t seq_
                     ") > req_to_token's max_context_len (", max_context_len, ")");
 }
 
-
 // ----------------------------------------------------------------------------- overlap
 
 // [first byte, one past the last byte) that t's sizes and strides reach (torch strides are >= 0).

@@ -81,8 +81,9 @@ def _int64_column(name: str, column: IntColumn) -> torch.Tensor:
         if column.size and not _is_integer_dtype(dtype):  # an empty batch's array may be float64
             what = "a tensor" if isinstance(column, torch.Tensor) else "a numpy array"
             raise TypeError(f"write_cache_indices: {name} must hold integers, got {what} of {dtype}")
-        if isinstance(column, torch.Tensor) and dtype == torch.int64 and column.device.type == "cpu":
-            return column  # as it is: the op checks its shape and its memory against req_to_token's
+        if isinstance(column, torch.Tensor) and dtype == torch.int64 and column.device.type == "cpu" \
+                and column.dim() == 1:
+            return column.contiguous()  # itself where it is: the op checks its memory against req_to_token's
     else:
         # A copy: reading an entry can run Python code (an __index__) that changes the list.
         column = list(column)
