@@ -2,6 +2,28 @@
 import numpy as np
 import torch
 
+import pinstage
+
+COPIES = ("pinstage", "pinned", "blocking")
+
+
+def stage(items, copy, device):
+    """[(values, dtype), ...] -> [tensor, ...] on `device`, each equal to torch.tensor(values,
+    dtype=dtype), copied one of three ways: "pinstage" (one stage_many: one ring region, one copy),
+    "pinned" (a pinned host tensor per item, copied without waiting) or "blocking" (a pageable
+    tensor per item, a copy the host waits for). values: lists, numpy arrays or CPU tensors."""
+    if copy == "pinstage":
+        return pinstage.stage_many(items, device=device)
+    if copy not in COPIES:
+        raise ValueError("copy must be one of %s, got %r" % (COPIES, copy))
+    device = torch.device(device)
+    if device.type == "cpu":
+        return [torch.as_tensor(values, dtype=dtype).clone() for values, dtype in items]
+    if copy == "pinned":
+        return [torch.as_tensor(values, dtype=dtype).pin_memory().to(device, non_blocking=True)
+                for values, dtype in items]
+    return [torch.as_tensor(values, dtype=dtype).to(device) for values, dtype in items]
+
 
 class CpuGpuBuffer:
     """vLLM's CpuGpuBuffer (vllm/v1/utils.py): a persistent pinned host tensor, its numpy view and the

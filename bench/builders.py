@@ -34,6 +34,7 @@ sys.path.insert(0, HERE)
 
 import _report  # noqa: E402
 import _timing  # noqa: E402
+import _baseline_builders as baseline  # noqa: E402
 from _baselines import CpuGpuBuffer, pinned_tensor  # noqa: E402
 from pinstage.builders import (  # noqa: E402
     BatchState, DecodeInputs, Request, SamplingBatch, SamplingParams, build_decode_inputs, build_logprob_indices,
@@ -156,31 +157,37 @@ def builder_calls(rng, bs, device):
     lens_np, starts_np = np.array(lens), np.array(starts)
     cache_args = cache_batch(rng, bs, device)
 
-    def by_backend(fn):
-        return {"list": lambda: fn("pinstage"), "pinned": lambda: fn("pinned"), "blocking": lambda: fn("blocking")}
+    def by_copy(pinstage_call, baseline_call):
+        """The list builder's methods: pinstage's builder, and the same values copied the engines' ways."""
+        return {"list": pinstage_call, "pinned": lambda: baseline_call("pinned"),
+                "blocking": lambda: baseline_call("blocking")}
 
     calls = {
         "decode_inputs": dict(
             batch_state=lambda: state.decode_inputs(device=device),
             **numpy_state_calls(state, "decode_inputs", device),
-            **by_backend(lambda b: build_decode_inputs(requests, backend=b, device=device)),
+            **by_copy(lambda: build_decode_inputs(requests, device=device),
+                      lambda c: baseline.build_decode_inputs(requests, c, device)),
         ),
         "penalty_last_token_ids": dict(
             batch_state=lambda: state.penalty_last_token_ids(device=device),
             **numpy_state_calls(state, "penalty_last_token_ids", device),
-            **by_backend(lambda b: build_penalty_last_token_ids(requests, backend=b, device=device)),
+            **by_copy(lambda: build_penalty_last_token_ids(requests, device=device),
+                      lambda c: baseline.build_penalty_last_token_ids(requests, c, device)),
         ),
         "sampling": dict(
             batch_state=lambda: restaged_sampling(state, device),
             **numpy_state_calls(state, "sampling", device),
-            **by_backend(lambda b: build_sampling_batch(params, enable_deterministic_sampling=True, backend=b,
-                                                        device=device)),
+            **by_copy(lambda: build_sampling_batch(params, enable_deterministic_sampling=True, device=device),
+                      lambda c: baseline.build_sampling_batch(params, c, device, enable_deterministic_sampling=True)),
         ),
         "logits": dict(
             batch_state=lambda: build_logprob_indices(lens_np, starts_np, device=device),
-            **by_backend(lambda b: build_logprob_indices(lens, starts, backend=b, device=device)),
+            **by_copy(lambda: build_logprob_indices(lens, starts, device=device),
+                      lambda c: baseline.build_logprob_indices(lens, starts, c, device)),
         ),
-        "write_cache_indices": by_backend(lambda b: write_cache_indices(*cache_args, backend=b)),
+        "write_cache_indices": by_copy(lambda: write_cache_indices(*cache_args),
+                                       lambda c: baseline.write_cache_indices(*cache_args, c)),
     }
     for builder, methods in calls.items():
         if builder in STATE_FIELDS:

@@ -55,8 +55,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
+import _baseline_builders as baseline  # noqa: E402
 import _report  # noqa: E402
-from _baselines import CpuGpuBuffer, PackedPinnedBuffer, pinned_host  # noqa: E402
+from _baselines import CpuGpuBuffer, PackedPinnedBuffer, pinned_host, stage  # noqa: E402
 import pinstage  # noqa: E402
 from _decode_model import (  # noqa: E402
     DecodeGraphs, SamplerInputs, Snapshot, TinyDecoder, sample, sleep_cycles_per_us,
@@ -251,9 +252,7 @@ class Loop:
         return value
 
     def stage(self, items):
-        from pinstage.builders._backend import stage
-
-        return stage(items, self.kind.builders, None, self.dev)
+        return stage(items, self.kind.builders, self.dev)
 
     def _make_prefix(self):
         """The shared cached prefix (a system prompt): its K/V computed once into its own row's slots."""
@@ -306,13 +305,18 @@ class Loop:
             (rows, torch.int64),
             (seq_lens, torch.int64),
         ])
-        if self.state is not None:
-            indices = build_logprob_indices(np.array(extend_lens), np.array(starts), backend=b, device=self.dev)
-        else:
-            indices = build_logprob_indices(extend_lens, starts, backend=b, device=self.dev)
-        batch = build_sampling_batch([r.spec.params for r in new], backend=b, device=self.dev)
+        lens, starts = (np.array(extend_lens), np.array(starts)) if self.state is not None else (extend_lens, starts)
+        params = [r.spec.params for r in new]
         prefixes = [self.prefix_slots[: r.prefix_len] for r in new]
-        write_cache_indices(m.req_to_token, rows, prefixes, prefix_lens, seq_lens, extend_lens, loc_d, backend=b)
+        cache_args = (m.req_to_token, rows, prefixes, prefix_lens, seq_lens, extend_lens, loc_d)
+        if b == "pinstage":
+            indices = build_logprob_indices(lens, starts, device=self.dev)
+            batch = build_sampling_batch(params, device=self.dev)
+            write_cache_indices(*cache_args)
+        else:
+            indices = baseline.build_logprob_indices(lens, starts, b, self.dev)
+            batch = baseline.build_sampling_batch(params, b, self.dev)
+            baseline.write_cache_indices(*cache_args, b)
         return PrefillInputs(ids, rows_d, pos_d, loc_d, req_rows, seq_d, indices, batch,
                              cache_rows=(rows, prefixes, extend_lens, loc_d))
 

@@ -1,10 +1,12 @@
-"""Shared pieces of the builder tests: devices, the three backends, tensor equality, a busy stream."""
+"""Shared pieces of the builder tests: devices, torch references, tensor equality, a busy stream."""
 import gpu_busy
 import pytest
 import staging_reference
 import torch
 
-from pinstage.builders import BACKENDS, Request, SamplingParams
+from pinstage.builders import DecodeInputs, Request, SamplingParams
+from pinstage.builders.decode import decode_fields, last_token_ids
+from pinstage.builders.sampling import sampling_fields
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 BATCH_SIZES = [0, 1, 37, 4096]
@@ -59,12 +61,23 @@ def assert_fields_equal(actual, expected):
             assert other == value, (name, other, value)
 
 
-def results_by_backend(build, device):
-    """build(backend=, device=) for each backend, finished on the device before returning."""
-    results = {backend: build(backend=backend, device=device) for backend in BACKENDS}
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return results
+def torch_tensors(fields, device):
+    """(name, values, dtype) fields as torch.tensor makes them on `device`, no ring: the reference
+    for the tensors a builder stages from those fields."""
+    return [torch.tensor(values, dtype=dtype, device=device) for _, values, dtype in fields]
+
+
+def reference_decode_inputs(requests, device):
+    return DecodeInputs(*torch_tensors(decode_fields(requests), device))
+
+
+def reference_last_token_ids(requests, device):
+    return torch.tensor(last_token_ids(requests), dtype=torch.int64, device=device)
+
+
+def reference_sampling_batch(params, device, enable_deterministic_sampling=False):
+    fields, batch = sampling_fields(params, enable_deterministic_sampling)
+    return batch(torch_tensors(fields, device))
 
 
 def run_while_stream_busy(build, stream):

@@ -5,14 +5,20 @@ import random
 import sys
 
 import numpy as np
+import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
 
+import _baseline_builders  # noqa: E402
 import _baselines  # noqa: E402
 import _decode_model  # noqa: E402
 import builders  # noqa: E402
 import decode_loop  # noqa: E402
+
+from pinstage.builders import write_cache_indices  # noqa: E402
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
 def test_every_builder_method_gives_the_batch_states_result():
@@ -25,6 +31,28 @@ def test_every_builder_method_gives_the_batch_states_result():
     changed = calls["sampling"]["batch_state"]()
     changed.top_ks[0] += 1
     assert not builders._same(expected, changed)  # the comparison can fail
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_engines_copies_give_the_list_builders_results(device):
+    """bench/_baseline_builders.py: pinstage.builders' values copied "pinned" and "blocking" give
+    what the builders stage in one copy."""
+    calls = builders.builder_calls(random.Random(5), 9, device)
+    for builder, methods in calls.items():
+        if builder == "write_cache_indices":
+            continue  # writes a table (below)
+        expected = methods["list"]()
+        for name in ("pinned", "blocking"):
+            got = methods[name]()
+            assert builders._same(expected, got), (builder, name)
+    table, *args = builders.cache_batch(random.Random(5), 9, device)
+    write_cache_indices(table, *args)
+    expected = table.clone()
+    assert expected.any()
+    for copy in ("pinned", "blocking"):
+        table.zero_()
+        _baseline_builders.write_cache_indices(table, *args, copy)
+        assert torch.equal(table.cpu(), expected.cpu()), copy
 
 
 def test_engine_copy_patterns_give_torch_tensor_values():

@@ -3,7 +3,10 @@ same requests, through any sequence of add / remove / filter / merge / append_to
 import numpy as np
 import pytest
 import torch
-from builders_support import DEVICES, assert_fields_equal, assert_same_tensor, random_params, run_while_stream_busy
+from builders_support import (
+    DEVICES, assert_fields_equal, assert_same_tensor, random_params, reference_decode_inputs, reference_last_token_ids,
+    reference_sampling_batch, run_while_stream_busy,
+)
 from hypothesis import HealthCheck, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -337,8 +340,7 @@ def test_staged_sampling_tensors_are_kept_per_stream(rng):
     with torch.cuda.stream(a):
         assert state.sampling_batch() is current_a
     torch.cuda.synchronize()
-    assert_fields_equal(current_a, build_sampling_batch([r.sampling_params for r in state.requests],
-                                                        backend="blocking", device="cuda"))
+    assert_fields_equal(current_a, reference_sampling_batch([r.sampling_params for r in state.requests], "cuda"))
 
 
 def restaged_sampling_batch(state, stream):
@@ -357,11 +359,10 @@ def test_batch_state_builders_do_not_wait_for_a_busy_stream(rng):
     stream = torch.cuda.Stream()
     params = [r.sampling_params for r in requests]
     pairs = [
-        (lambda: state.decode_inputs(stream=stream), lambda: build_decode_inputs(requests, backend="blocking", device="cuda")),
-        (lambda: state.penalty_last_token_ids(stream=stream),
-         lambda: build_penalty_last_token_ids(requests, backend="blocking", device="cuda")),
+        (lambda: state.decode_inputs(stream=stream), lambda: reference_decode_inputs(requests, "cuda")),
+        (lambda: state.penalty_last_token_ids(stream=stream), lambda: reference_last_token_ids(requests, "cuda")),
         (lambda: restaged_sampling_batch(state, stream),
-         lambda: build_sampling_batch(params, enable_deterministic_sampling=True, backend="blocking", device="cuda")),
+         lambda: reference_sampling_batch(params, "cuda", enable_deterministic_sampling=True)),
     ]
     for build, expected in pairs:
         build()

@@ -1,9 +1,10 @@
+import numpy as np
 import pytest
 import torch
 from builders_support import BATCH_SIZES, DEVICES, run_while_stream_busy
 from tensor_kinds import WrapperTensor
 
-from pinstage.builders import BACKENDS, write_cache_indices
+from pinstage.builders import write_cache_indices
 
 MAX_CONTEXT_LEN = 48
 SENTINEL = -7  # cells no request owns must keep it
@@ -46,17 +47,19 @@ def run(batch, **kw):
     write_cache_indices(*batch.values(), **kw)
 
 
+def planned_offsets(extend_lens):
+    """Each request's offset in out_cache_loc: its new tokens follow the previous request's."""
+    return torch.from_numpy(np.cumsum([0] + list(extend_lens[:-1]), dtype=np.int64))[: len(extend_lens)]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bs", BATCH_SIZES)
-def test_every_backend_writes_the_reference_rows(rng, device, bs):
+def test_writes_the_reference_rows(rng, device, bs):
     batch = random_batch(rng, bs, device)
-    expected = reference(batch)
-    for backend in BACKENDS:
-        batch["req_to_token"].fill_(SENTINEL)
-        run(batch, backend=backend)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        assert torch.equal(batch["req_to_token"].cpu(), expected), backend
+    run(batch)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    assert torch.equal(batch["req_to_token"].cpu(), reference(batch))
 
 
 @pytest.mark.cuda
@@ -136,6 +139,44 @@ def test_lists_of_different_lengths_are_rejected(rng, field):
     batch[field] = batch[field][:3]
     with pytest.raises(ValueError, match=rf"{field} has 3 entries but req_pool_indices has 4"):
         run(batch)
+
+
+NOT_INTEGERS = [
+    (torch.tensor([0.9, 2.7, 1.5, 3.2]), r"prefix_lens must hold integers, got a tensor of torch.float32"),
+    (torch.tensor([True, False, True, True]), r"prefix_lens must hold integers, got a tensor of torch.bool"),
+    (np.array([0.9, 2.7, 1.5, 3.2]), r"prefix_lens must hold integers, got a numpy array of float64"),
+    (np.array([True, False, True, True]), r"prefix_lens must hold integers, got a numpy array of bool"),
+    ([True, 2, 0, 1], r"request 0: prefix_lens must be an int, got bool"),
+    ([0, np.bool_(True), 0, 1], r"request 1: prefix_lens must be an int, got bool"),
+    ([0, 1, torch.tensor(True), 1], r"request 2: prefix_lens must be an int, got a tensor of torch.bool"),
+    ([0, 1, 2, torch.tensor(0.9)], r"request 3: prefix_lens must be an int, got a tensor of torch.float32"),
+]
+
+
+@pytest.mark.parametrize("column, message", NOT_INTEGERS, ids=[f"case{i}" for i in range(len(NOT_INTEGERS))])
+def test_float_and_bool_columns_are_refused_not_truncated(rng, column, message):
+    """numpy and torch read 0.9 as 0 and True as 1: another request's row would be written."""
+    batch = random_batch(rng, 4, "cpu")
+    batch["prefix_lens"] = column
+    with pytest.raises(TypeError, match=message):
+        run(batch)
+    assert (batch["req_to_token"] == SENTINEL).all()
+
+
+def test_integer_tensors_and_arrays_of_any_width_are_columns(rng):
+    batch = random_batch(rng, 5, "cpu")
+    expected = reference(batch)
+    columns = ("req_pool_indices", "prefix_lens", "seq_lens", "extend_lens")
+    strided = lambda v: torch.tensor(v).repeat_interleave(2)[::2]  # noqa: E731
+    for convert in (lambda v: torch.tensor(v, dtype=torch.int32), torch.tensor, strided,
+                    lambda v: np.array(v, dtype=np.uint16), lambda v: [np.int32(x) for x in v]):
+        batch["req_to_token"].fill_(SENTINEL)
+        write_cache_indices(*(convert(v) if k in columns else v for k, v in batch.items()))
+        assert torch.equal(batch["req_to_token"], expected)
+    empty = torch.full((2, 4), SENTINEL, dtype=torch.int32)
+    none = np.array([])
+    write_cache_indices(empty, none, [], none, none, none, torch.zeros(0, dtype=torch.int64))
+    assert (empty == SENTINEL).all()  # numpy's empty array is float64: an empty batch all the same
 
 
 def test_req_to_token_must_be_int32_rows():
@@ -222,18 +263,14 @@ def test_a_prefix_tensor_without_memory_of_its_own_is_refused_on_the_host(device
     assert (table == SENTINEL).all()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+@pytest.mark.cuda
 def test_cuda_op_takes_cpu_values_and_device_values_alike(rng):
     """The CUDA op copies CPU per-request values with its prefix table (one copy), or reads device
     ones where they are: both write the reference rows. A prefix_lens beyond a prefix tensor's
     length is refused on the host when the values are there, and skipped by the kernel when they
     are on the device (the host cannot read them without waiting)."""
     batch = random_batch(rng, 6, "cuda")
-    offsets = torch.ops.pinstage.cache_index_plan(
-        batch["req_to_token"], batch["prefix_tensors"],
-        *[torch.tensor(batch[f], dtype=torch.int64) for f in ("req_pool_indices", "prefix_lens", "seq_lens", "extend_lens")],
-        batch["out_cache_loc"],
-    )
+    offsets = planned_offsets(batch["extend_lens"])
     cpu = [torch.tensor(batch[f], dtype=torch.int64) for f in ("req_pool_indices", "prefix_lens", "seq_lens")]
     for where in ("cpu", "cuda"):
         batch["req_to_token"].fill_(SENTINEL)
@@ -266,7 +303,7 @@ def test_an_index_method_that_mutates_the_other_lists_reads_a_snapshot():
 
     table = torch.zeros((1, 4), dtype=torch.int32)
     out_cache_loc = torch.tensor([9], dtype=torch.int64)
-    write_cache_indices(table, [ClearsThePrefixes()], prefix_tensors, [2], [3], [1], out_cache_loc, backend="pinstage")
+    write_cache_indices(table, [ClearsThePrefixes()], prefix_tensors, [2], [3], [1], out_cache_loc)
     assert table.tolist() == [[7, 8, 9, 0]]
 
 
@@ -274,11 +311,7 @@ def test_an_index_method_that_mutates_the_other_lists_reads_a_snapshot():
 def test_write_cache_indices_op_passes_opcheck(rng, device):
     """Schema (req_to_token is declared mutated), fake-tensor, autograd and AOT dispatch checks."""
     batch = random_batch(rng, 6, device)
-    offsets = torch.ops.pinstage.cache_index_plan(
-        batch["req_to_token"], batch["prefix_tensors"],
-        *[torch.tensor(batch[f], dtype=torch.int64) for f in ("req_pool_indices", "prefix_lens", "seq_lens", "extend_lens")],
-        batch["out_cache_loc"],
-    )
+    offsets = planned_offsets(batch["extend_lens"])
     args = (
         batch["req_to_token"],
         torch.tensor(batch["req_pool_indices"], device=device),
@@ -295,7 +328,7 @@ def test_write_cache_indices_op_passes_opcheck(rng, device):
     assert torch.equal(batch["req_to_token"].cpu(), reference(batch))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+@pytest.mark.cuda
 def test_cuda_op_refuses_a_capturing_stream(rng):
     """The op copies its prefix table through the staging ring: a captured copy would read ring
     memory reused long before the graph replays."""
@@ -314,13 +347,13 @@ def test_cuda_op_refuses_a_capturing_stream(rng):
 @pytest.mark.parametrize("device", DEVICES)
 def test_the_op_computes_the_offsets_from_host_values(rng, device):
     """out_cache_offsets=None (the pinstage builder's one call): the op checks the CPU per-request
-    values and lays the requests' new tokens out one after another, as the host plan's offsets do;
-    values already on the device need the planned offsets."""
+    values and lays the requests' new tokens out one after another, as planned offsets do; values
+    already on the device need the planned offsets."""
     batch = random_batch(rng, 6, device)
     expected = reference(batch)
     table, rows, prefixes, prefix_lens, seq_lens, extend_lens, out_cache_loc = batch.values()
     cpu = [torch.tensor(v, dtype=torch.int64) for v in (rows, prefix_lens, seq_lens)]
-    offsets = torch.ops.pinstage.cache_index_plan(table, prefixes, *cpu, torch.tensor(extend_lens), out_cache_loc)
+    offsets = planned_offsets(extend_lens)
     torch.ops.pinstage.write_cache_indices(table, *cpu[:1], prefixes, *cpu[1:], offsets, out_cache_loc)
     planned = table.clone()
     table.fill_(SENTINEL)

@@ -2,7 +2,7 @@ import pytest
 import torch
 from builders_support import (
     BATCH_SIZES, DEVICES, assert_fields_equal, assert_same_tensor,
-    random_requests, results_by_backend, run_while_stream_busy,
+    random_requests, reference_decode_inputs, reference_last_token_ids, run_while_stream_busy,
 )
 
 from pinstage.builders import Request, build_decode_inputs, build_penalty_last_token_ids
@@ -17,16 +17,14 @@ def expected_last_tokens(requests):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bs", BATCH_SIZES)
-def test_decode_inputs_equal_across_backends_and_reference(rng, device, bs):
+def test_decode_inputs_equal_torch_tensor_and_reference(rng, device, bs):
     requests = random_requests(rng, bs)
-    results = results_by_backend(lambda **kw: build_decode_inputs(requests, **kw), device)
-    for result in results.values():
-        assert_fields_equal(result, results["blocking"])
-    got = results["pinstage"]
+    got = build_decode_inputs(requests, device=device)
+    assert_fields_equal(got, reference_decode_inputs(requests, device))  # on the same device
     assert got.input_ids.device.type == device
-    for backend in results:
-        ids = build_penalty_last_token_ids(requests, backend=backend, device=device)
-        assert_same_tensor(ids.cpu(), expected_last_tokens(requests), backend)
+    ids = build_penalty_last_token_ids(requests, device=device)
+    assert_same_tensor(ids, reference_last_token_ids(requests, device))
+    assert_same_tensor(ids.cpu(), expected_last_tokens(requests))
     assert_same_tensor(got.input_ids.cpu(), expected_last_tokens(requests))
     seq_lens = [len(r.origin_input_ids) + len(r.output_ids) for r in requests]
     assert_same_tensor(got.seq_lens.cpu(), torch.tensor(seq_lens, dtype=torch.int64))
@@ -52,11 +50,6 @@ def test_negative_pool_index_is_named():
         build_decode_inputs(requests, device="cpu")
 
 
-def test_unknown_backend_is_rejected():
-    with pytest.raises(ValueError, match="backend must be one of"):
-        build_decode_inputs([Request([1])], backend="fast", device="cpu")
-
-
 @pytest.mark.cuda
 def test_decode_builders_do_not_wait_for_a_busy_stream(rng):
     requests = random_requests(rng, 256)
@@ -66,8 +59,7 @@ def test_decode_builders_do_not_wait_for_a_busy_stream(rng):
         result, still_busy = run_while_stream_busy(lambda: build(requests, stream=stream), stream)
         assert still_busy, f"{build.__name__} returned only after the busy stream finished"
         torch.cuda.synchronize()
-        expected = build(requests, backend="blocking", device="cuda")
-        if isinstance(expected, torch.Tensor):
-            assert_same_tensor(result, expected)
+        if build is build_decode_inputs:
+            assert_fields_equal(result, reference_decode_inputs(requests, "cuda"))
         else:
-            assert_fields_equal(result, expected)
+            assert_same_tensor(result, reference_last_token_ids(requests, "cuda"))

@@ -1,22 +1,22 @@
 """BatchState.stage_static: a step's fields into a pinstage.StaticInputs in one copy.
 
-The reference for rows [0, n) of every field is the list-of-requests builders (build_decode_inputs,
-build_sampling_batch, backend="blocking": no ring, no StaticInputs) on the same requests, and
+The reference for rows [0, n) of every field is torch.tensor of the list-of-requests builders'
+values (build_decode_inputs, build_sampling_batch: no ring, no StaticInputs) on the same requests, and
 torch.tensor for the caller's extra values; rows [n, max_bs) hold the fill the StaticInputs declares.
 """
 import numpy as np
 import pytest
 import torch
-from builders_support import DEVICES, random_params, random_requests
+from builders_support import (
+    DEVICES, random_params, random_requests, reference_decode_inputs, reference_sampling_batch,
+)
 from gpu_busy import assert_still_busy, busy
 from staging_reference import assert_same_tensor, assert_views
 
 import pinstage
 import pinstage.testing
 from pinstage import Field, StaticInputs
-from pinstage.builders import (
-    BATCH_STATE_FIELDS, BatchState, batch_static_inputs, build_decode_inputs, build_sampling_batch,
-)
+from pinstage.builders import BATCH_STATE_FIELDS, BatchState, batch_static_inputs
 from pinstage.builders.requests import NO_PENALTIES
 
 # The caller's per-step values that are not columns of the state.
@@ -58,10 +58,9 @@ def extra_values(rng, n, form):
 
 def reference_rows(requests, extra):
     """Field -> CPU tensor of the batch's rows, from the list builders (on the CPU) and torch.tensor."""
-    decode = build_decode_inputs(requests, backend="blocking", device="cpu")
-    sampling = build_sampling_batch(
-        [r.sampling_params for r in requests], enable_deterministic_sampling=True, backend="blocking", device="cpu"
-    )
+    decode = reference_decode_inputs(requests, "cpu")
+    params = [r.sampling_params for r in requests]
+    sampling = reference_sampling_batch(params, "cpu", enable_deterministic_sampling=True)
     rows = {
         "input_ids": decode.input_ids, "seq_lens": decode.seq_lens, "req_pool_indices": decode.req_pool_indices,
         "temperatures": sampling.temperatures, "top_ps": sampling.top_ps, "top_ks": sampling.top_ks,

@@ -188,3 +188,152 @@ def test_objects_that_only_claim_to_be_tensors():
         expect(lambda: pinstage.stage_to_device([1], torch.int64, stream=fake), TypeError, "stream")
         """
     )
+
+
+# torch.ops.pinstage: each op reads a caller's value once, and write_cache_indices refuses a table
+# that overlaps itself or its inputs (the cases once wrote past the table or the op's outputs).
+OPS_DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+@pytest.mark.parametrize("device", OPS_DEVICES)
+def test_write_cache_indices_refuses_a_table_overlapping_its_inputs_or_itself(device):
+    """req_to_token an int32 view of the int64 buffer holding seq_lens: request 0's write changed
+    seq_lens[1], which the op read again and wrote past the table. A stride-0 or row-overlapping
+    table has requests write each other's rows. Each is refused before anything is written."""
+    out = run_child(
+        """
+        op = torch.ops.pinstage.write_cache_indices
+        i64 = dict(dtype=torch.int64, device=DEVICE)
+
+        def call(table, rows, prefixes, prefix_lens, seq_lens, out_cache_loc):
+            offsets = torch.zeros(len(rows), **i64)
+            offsets[1:] = torch.cumsum(seq_lens - prefix_lens, 0)[:-1]
+            return lambda: op(table, rows, prefixes, prefix_lens, seq_lens, offsets, out_cache_loc)
+
+        def fresh():
+            buf = torch.zeros(64, **i64)  # 128 int32: a 4 x 32 table
+            table = buf.view(torch.int32).view(4, 32)
+            return buf, table
+
+        rows, none = torch.tensor([0, 1], **i64), [torch.zeros(0, **i64)] * 2
+        zeros, lens = torch.zeros(2, **i64), torch.tensor([2, 20], **i64)
+        loc = torch.arange(42, **i64)
+        cases = []
+        buf, table = fresh()
+        buf[0], buf[1] = 4, 2  # the red team's case: seq_lens lies in the table's row 0
+        cases.append((buf, table, call(table, rows, none, zeros, buf[0:2], loc), "overlaps seq_lens"))
+        buf, table = fresh()
+        cases.append((buf, table, call(table, buf[20:22], none, zeros, lens, loc), "overlaps req_pool_indices"))
+        buf, table = fresh()
+        cases.append((buf, table, call(table, rows, none, zeros, lens, buf[8:50]), "overlaps out_cache_loc"))
+        buf, table = fresh()
+        cases.append((buf, table, call(table, rows, none, buf[60:62], lens, loc), "overlaps prefix_lens"))
+        buf, table = fresh()
+        prefix = [buf[40:45], torch.zeros(0, **i64)]
+        cases.append((buf, table, call(table, rows, prefix, torch.tensor([5, 0], **i64), lens + 3,
+                                       torch.arange(45, **i64)), "request 0: req_to_token overlaps its prefix"))
+        # A strided table (torch cannot tell): seq_lens inside its row 2.
+        wide = torch.zeros(4, 64, dtype=torch.int32, device=DEVICE)
+        cases.append((wide, wide[:, :32], call(wide[:, :32], rows, none, zeros, wide[2, :4].view(torch.int64),
+                                                loc), "overlaps seq_lens"))
+        one_row = torch.zeros(1, 32, dtype=torch.int32, device=DEVICE)
+        cases.append((one_row, one_row, call(one_row.expand(4, 32), rows, none, zeros, lens, loc),
+                      "req_to_token's rows share memory"))
+        flat = torch.zeros(64, dtype=torch.int32, device=DEVICE)
+        cases.append((flat, flat, call(flat.as_strided((4, 32), (8, 1)), rows, none, zeros, lens, loc),
+                      "req_to_token's rows share memory"))
+        for memory, table, fn, fragment in cases:
+            before = memory.clone()
+            expect(fn, RuntimeError, fragment)
+            assert torch.equal(memory, before), fragment  # nothing written
+        # The same memory, not overlapping: served.
+        buf, table = fresh()
+        call(buf.view(torch.int32)[:64].view(2, 32), rows, none, zeros, torch.tensor([2, 3], **i64),
+             torch.arange(5, **i64))()
+        torch.testing.assert_close(buf.view(torch.int32)[:64].view(2, 32)[:, :3].cpu(),
+                                   torch.tensor([[0, 1, 0], [2, 3, 4]], dtype=torch.int32))
+        """,
+        device=device,
+    )
+    assert out.count("RAISED RuntimeError") == 8, out
+
+
+def test_write_cache_indices_reads_each_value_once_while_another_thread_writes_them():
+    """Another thread flips seq_lens between a valid and an out-of-bounds value through .numpy()
+    while the op runs (with the GIL released): each call is checked and served from one reading,
+    so it writes its rows or refuses, and never writes past them."""
+    out = run_child(
+        """
+        import threading, time
+        # A call long enough (a million cells) for the writer to run while it writes, on a busy machine.
+        bs, width, n = 4096, 512, 256
+        table = torch.full((bs + 1, width), -7, dtype=torch.int32)
+        rows = torch.arange(bs)
+        prefixes = [torch.zeros(0, dtype=torch.int64)] * bs
+        prefix_lens = torch.zeros(bs, dtype=torch.int64)
+        seq_lens = torch.full((bs,), n, dtype=torch.int64)
+        offsets = torch.arange(bs) * n
+        loc = torch.arange(bs * n)
+        view, stop = seq_lens.numpy(), threading.Event()
+
+        def writer():
+            while not stop.is_set():
+                view[:] = 10**6
+                view[:] = n
+
+        thread = threading.Thread(target=writer)
+        thread.start()
+        served = refused = 0
+        end = time.monotonic() + 1.0
+        try:
+            while time.monotonic() < end:
+                try:
+                    torch.ops.pinstage.write_cache_indices(table, rows, prefixes, prefix_lens, seq_lens, offsets, loc)
+                    served += 1
+                except ValueError:
+                    refused += 1
+        finally:
+            stop.set()
+            thread.join()
+        assert (table[bs] == -7).all() and (table[:, n:] == -7).all(), "written past the rows"
+        print("SERVED", served, "REFUSED", refused)
+        """
+    )
+    assert "SERVED" in out, out
+
+
+def test_logprob_indices_reads_each_length_once_while_another_thread_writes_them():
+    """Another thread flips the lengths through .numpy() while the op runs (with the GIL
+    released): the op sized its outputs from one reading and once filled them from another,
+    writing past them. Each result must be one batch's indices."""
+    out = run_child(
+        """
+        import threading, time
+        bs = 256
+        lens = torch.ones(bs, dtype=torch.int64)
+        starts = torch.zeros(bs, dtype=torch.int64)
+        view, stop = lens.numpy(), threading.Event()
+
+        def writer():
+            while not stop.is_set():
+                view[:] = 64
+                view[:] = 1
+
+        thread = threading.Thread(target=writer)
+        thread.start()
+        calls = 0
+        end = time.monotonic() + 1.0
+        try:
+            while time.monotonic() < end:
+                sample, logprob, pruned, kept = torch.ops.pinstage.logprob_indices(lens, starts)
+                # starts are 0: every kept row carries an input logprob.
+                assert logprob.numel() == kept.numel() == int(pruned.sum()) == int(sample[-1]) + 1
+                assert kept.tolist() == list(range(kept.numel()))
+                calls += 1
+        finally:
+            stop.set()
+            thread.join()
+        print("CALLS", calls)
+        """
+    )
+    assert "CALLS" in out, out

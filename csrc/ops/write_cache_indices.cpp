@@ -1,7 +1,8 @@
 // write_cache_indices as a torch custom op: one kernel for CPU and CUDA, and a no-op for fake
 // tensors (it only writes into req_to_token). The per-request tensors are on req_to_token's device;
 // for the CUDA op they may also be CPU tensors, checked on the host and copied with the prefix
-// table in the op's one copy. cache_index_plan, the host checks alone, is here too.
+// table in the op's one copy.
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
@@ -9,6 +10,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -100,6 +102,54 @@ void check_request_span(int64_t i, int64_t row, int64_t prefix_len, int64_t seq_
                     ") > req_to_token's max_context_len (", max_context_len, ")");
 }
 
+// ----------------------------------------------------------------------------- overlap
+
+// [first byte, one past the last byte) that t's sizes and strides reach (torch strides are >= 0).
+std::pair<uintptr_t, uintptr_t> byte_range(const at::Tensor& t) {
+  const auto begin = reinterpret_cast<uintptr_t>(t.const_data_ptr());
+  uintptr_t last = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) last += static_cast<uintptr_t>((t.size(d) - 1) * t.stride(d));
+  return {begin, begin + (last + 1) * t.itemsize()};
+}
+
+// Whether two tensors may share memory: torch's test (exact for dense tensors of one storage), and
+// where it cannot tell (a strided req_to_token), whether their address ranges meet.
+bool may_overlap(const at::Tensor& a, const at::Tensor& b) {
+  switch (at::get_overlap_status(a, b)) {
+    case at::MemOverlapStatus::Full:
+    case at::MemOverlapStatus::Partial:
+      return true;
+    case at::MemOverlapStatus::No:
+      return false;
+    case at::MemOverlapStatus::TooHard:
+      break;
+  }
+  if (a.device() != b.device()) return false;
+  const auto [a_begin, a_end] = byte_range(a);
+  const auto [b_begin, b_end] = byte_range(b);
+  return a_begin < b_end && b_begin < a_end;
+}
+
+// req_to_token is the op's output: its rows must not share memory with each other (a stride-0
+// expansion would have every request write the same row) nor with anything the op reads (its
+// writes would change values it has yet to read).
+void check_no_overlap(const at::Tensor& req_to_token, at::TensorList prefix_tensors,
+                      std::initializer_list<std::pair<const char*, const at::Tensor*>> inputs) {
+  const bool rows_disjoint = req_to_token.size(0) <= 1 || req_to_token.stride(0) >= req_to_token.size(1);
+  TORCH_CHECK(at::has_internal_overlap(req_to_token) != at::MemOverlap::Yes && rows_disjoint, kOp,
+              ": req_to_token's rows share memory (shape ", req_to_token.sizes(), ", strides ",
+              req_to_token.strides(), "); pass a tensor whose rows have memory of their own (e.g. .contiguous())");
+  for (const auto& [name, t] : inputs) {
+    TORCH_CHECK(t == nullptr || !may_overlap(req_to_token, *t), kOp, ": req_to_token overlaps ", name,
+                " in memory; the op writes req_to_token, so pass ", name, " in memory of its own (e.g. .clone())");
+  }
+  for (size_t i = 0; i < prefix_tensors.size(); ++i) {
+    TORCH_CHECK(!may_overlap(req_to_token, prefix_tensors[i]), kOp, ": request ", i,
+                ": req_to_token overlaps its prefix_tensors entry in memory; the op writes req_to_token, so pass "
+                "the prefix in memory of its own (e.g. .clone())");
+  }
+}
+
 // ----------------------------------------------------------------------------- the op
 
 // The prefix tensors' addresses and lengths, taken from the tensors (checked, never read).
@@ -123,9 +173,9 @@ PrefixTable prefix_table(at::TensorList prefix_tensors, int64_t batch, const at:
   return table;
 }
 
-// Checks every argument's dtype, shape and device (per-request tensors may be on the CPU for the
-// CUDA op, `cpu_too`), fills what does not depend on where the per-request values are, and takes
-// the prefix table.
+// Checks every argument's dtype, shape, device and memory (per-request tensors may be on the CPU
+// for the CUDA op, `cpu_too`), fills what does not depend on where the per-request values are, and
+// takes the prefix table.
 std::pair<CacheIndexParams, PrefixTable> checked_params(const at::Tensor& req_to_token,
                                                         const at::Tensor& req_pool_indices,
                                                         at::TensorList prefix_tensors, const at::Tensor& prefix_lens,
@@ -137,26 +187,30 @@ std::pair<CacheIndexParams, PrefixTable> checked_params(const at::Tensor& req_to
   const at::Device device = req_to_token.device();
   const int64_t batch = req_pool_indices.numel();
   TORCH_CHECK_VALUE(batch <= INT32_MAX, kOp, ": at most 2**31 - 1 requests per call, got ", batch);
+  const at::Tensor* offsets = out_cache_offsets ? &*out_cache_offsets : nullptr;
+  const at::Tensor* extend = extend_lens ? &*extend_lens : nullptr;
   const std::pair<const char*, const at::Tensor*> per_request[] = {
-      {"prefix_lens", &prefix_lens}, {"seq_lens", &seq_lens},
-      {"extend_lens", extend_lens ? &*extend_lens : nullptr},
-      {"out_cache_offsets", out_cache_offsets ? &*out_cache_offsets : nullptr}};
+      {"prefix_lens", &prefix_lens}, {"seq_lens", &seq_lens}, {"extend_lens", extend}, {"out_cache_offsets", offsets}};
   for (const auto& [name, t] : per_request) {
     TORCH_CHECK_VALUE(t == nullptr || t->numel() == batch, kOp, ": ", name, " has ", t ? t->numel() : 0,
                       " entries but req_pool_indices has ", batch);
   }
-  if (extend_lens) check_per_request(*extend_lens, "extend_lens", at::kLong, batch, at::Device(at::kCPU));
+  if (extend) check_per_request(*extend, "extend_lens", at::kLong, batch, at::Device(at::kCPU));
   check_per_request(req_pool_indices, "req_pool_indices", at::kLong, batch, device, cpu_too);
   check_per_request(prefix_lens, "prefix_lens", at::kLong, batch, device, cpu_too);
   check_per_request(seq_lens, "seq_lens", at::kLong, batch, device, cpu_too);
-  if (out_cache_offsets) {
-    check_per_request(*out_cache_offsets, "out_cache_offsets", at::kLong, batch, device, cpu_too);
+  if (offsets) {
+    check_per_request(*offsets, "out_cache_offsets", at::kLong, batch, device, cpu_too);
   } else {
     TORCH_CHECK_VALUE(req_pool_indices.is_cpu() && prefix_lens.is_cpu() && seq_lens.is_cpu(), kOp,
                       ": out_cache_offsets may be None only when the per-request values are CPU tensors (the "
                       "offsets are then computed from them on the host)");
   }
   check_out_cache_loc(out_cache_loc, device);
+  PrefixTable table = prefix_table(prefix_tensors, batch, device);
+  check_no_overlap(req_to_token, prefix_tensors,
+                   {{"req_pool_indices", &req_pool_indices}, {"prefix_lens", &prefix_lens}, {"seq_lens", &seq_lens},
+                    {"out_cache_offsets", offsets}, {"extend_lens", extend}, {"out_cache_loc", &out_cache_loc}});
   CacheIndexParams p{};
   p.req_to_token = req_to_token.data_ptr<int32_t>();
   p.row_stride = req_to_token.stride(0);
@@ -165,52 +219,62 @@ std::pair<CacheIndexParams, PrefixTable> checked_params(const at::Tensor& req_to
   p.batch = batch;
   p.out_cache_loc = out_cache_loc.const_data_ptr<int64_t>();
   p.out_cache_len = out_cache_loc.numel();
-  return {p, prefix_table(prefix_tensors, batch, device)};
+  return {p, std::move(table)};
 }
 
-// Per-request values on the host: every request checked before anything is written (a bad request
-// leaves req_to_token untouched), extend_lens (where given) against seq_lens - prefix_lens, and where
-// out_cache_offsets is None, the offsets computed (each request's new tokens follow the previous
-// one's) into `computed`, which must outlive p. The host plan (cache_index_plan) is this and no more.
-void check_on_host(CacheIndexParams& p, const PrefixTable& table, const at::Tensor& req_pool_indices,
-                   const at::Tensor& prefix_lens, const at::Tensor& seq_lens,
-                   const std::optional<at::Tensor>& out_cache_offsets, const std::optional<at::Tensor>& extend_lens,
-                   std::vector<int64_t>& computed) {
-  p.req_pool_indices = req_pool_indices.const_data_ptr<int64_t>();
-  p.prefix_lens = prefix_lens.const_data_ptr<int64_t>();
-  p.seq_lens = seq_lens.const_data_ptr<int64_t>();
-  if (!out_cache_offsets) computed.resize(static_cast<size_t>(p.batch));
-  const int64_t* given = out_cache_offsets ? out_cache_offsets->const_data_ptr<int64_t>() : nullptr;
-  const int64_t* extend = extend_lens ? extend_lens->const_data_ptr<int64_t>() : nullptr;
+// The per-request values of CPU tensors, each read once into memory of the op's own before anything
+// is checked or written: another thread writing the caller's tensors while the op runs (the GIL is
+// released) cannot make a checked value differ from the one used.
+struct HostValues {
+  std::vector<int64_t> rows, prefix_lens, seq_lens, offsets, extend_lens;
+};
+
+std::vector<int64_t> copy_of(const at::Tensor* t) {
+  std::vector<int64_t> out(t != nullptr ? static_cast<size_t>(t->numel()) : 0);
+  if (!out.empty()) std::memcpy(out.data(), t->const_data_ptr<int64_t>(), out.size() * sizeof(int64_t));
+  return out;
+}
+
+// Every request checked on the copies before anything is written (a bad request leaves
+// req_to_token untouched), extend_lens (where given) against seq_lens - prefix_lens, and where no
+// out_cache_offsets were given, the offsets computed (each request's new tokens follow the previous
+// one's). Points p at the copies, which must outlive it.
+void check_on_host(CacheIndexParams& p, const PrefixTable& table, HostValues& v, bool given) {
+  if (!given) v.offsets.resize(static_cast<size_t>(p.batch));
   int64_t running = 0;
-  for (int64_t i = 0; i < p.batch; ++i) {
-    check_request_span(i, p.req_pool_indices[i], p.prefix_lens[i], p.seq_lens[i], p.rows, p.max_context_len);
+  for (size_t i = 0; i < static_cast<size_t>(p.batch); ++i) {
+    const int64_t prefix_len = v.prefix_lens[i];
+    const int64_t seq_len = v.seq_lens[i];
+    check_request_span(static_cast<int64_t>(i), v.rows[i], prefix_len, seq_len, p.rows, p.max_context_len);
     // Bounds as subtractions that cannot overflow: 0 <= prefix <= seq was checked above.
-    const int64_t extend_len = p.seq_lens[i] - p.prefix_lens[i];
-    TORCH_CHECK_VALUE(extend == nullptr || extend[i] == extend_len, kOp, ": request ", i, ": extend_lens (",
-                      extend ? extend[i] : 0, ") != seq_lens - prefix_lens (", p.seq_lens[i], " - ", p.prefix_lens[i],
-                      ")");
-    const int64_t offset = given != nullptr ? given[i] : running;
-    // Computed offsets lie inside out_cache_loc once they add up to its length (checked below).
-    TORCH_CHECK_VALUE(given == nullptr || (offset >= 0 && offset <= p.out_cache_len &&
-                                           extend_len <= p.out_cache_len - offset),
-                      kOp, ": request ", i, ": out_cache_offsets is ", offset, " with ", extend_len,
-                      " new tokens, outside out_cache_loc (", p.out_cache_len, " elements)");
-    TORCH_CHECK_VALUE(p.prefix_lens[i] <= table.numels[static_cast<size_t>(i)], kOp, ": request ", i,
-                      ": prefix_tensors entry has ", table.numels[static_cast<size_t>(i)],
-                      " elements but prefix_lens is ", p.prefix_lens[i]);
-    if (given == nullptr) {
-      computed[static_cast<size_t>(i)] = offset;
-      TORCH_CHECK_VALUE(!__builtin_add_overflow(running, extend_len, &running), kOp,
-                        ": extend_lens add up to more than 2**63");
+    const int64_t extend_len = seq_len - prefix_len;
+    TORCH_CHECK_VALUE(v.extend_lens.empty() || v.extend_lens[i] == extend_len, kOp, ": request ", i,
+                      ": extend_lens (", v.extend_lens.empty() ? 0 : v.extend_lens[i],
+                      ") != seq_lens - prefix_lens (", seq_len, " - ", prefix_len, ")");
+    TORCH_CHECK_VALUE(prefix_len <= table.numels[i], kOp, ": request ", i, ": prefix_tensors entry has ",
+                      table.numels[i], " elements but prefix_lens is ", prefix_len);
+    if (given) {
+      const int64_t offset = v.offsets[i];
+      TORCH_CHECK_VALUE(offset >= 0 && offset <= p.out_cache_len && extend_len <= p.out_cache_len - offset, kOp,
+                        ": request ", i, ": out_cache_offsets is ", offset, " with ", extend_len,
+                        " new tokens, outside out_cache_loc (", p.out_cache_len, " elements)");
+      continue;
     }
+    // Computed offsets lie inside out_cache_loc once they add up to its length (checked below).
+    v.offsets[i] = running;
+    TORCH_CHECK_VALUE(!__builtin_add_overflow(running, extend_len, &running), kOp,
+                      ": extend_lens add up to more than 2**63 - 1 at request ", i);
   }
-  TORCH_CHECK_VALUE(given != nullptr || running == p.out_cache_len, kOp, ": extend_lens add up to ", running,
+  TORCH_CHECK_VALUE(given || running == p.out_cache_len, kOp, ": extend_lens add up to ", running,
                     " but out_cache_loc has ", p.out_cache_len, " elements");
-  p.out_cache_offsets = given != nullptr ? given : computed.data();
+  p.req_pool_indices = v.rows.data();
+  p.prefix_lens = v.prefix_lens.data();
+  p.seq_lens = v.seq_lens.data();
+  p.out_cache_offsets = v.offsets.data();
 }
 
-// Everything on the CPU and checked (check_on_host).
+// Everything on the CPU and checked (check_on_host): the loop reads only the op's copies, the
+// prefix tensors and out_cache_loc, within the bounds checked on the copies.
 void write_on_cpu(const CacheIndexParams& p, const PrefixTable& table) {
   for (int64_t i = 0; i < p.batch; ++i) {
     int32_t* dst = p.req_to_token + p.req_pool_indices[i] * p.row_stride;
@@ -224,13 +288,13 @@ void write_on_cpu(const CacheIndexParams& p, const PrefixTable& table) {
 }
 
 #ifdef PINSTAGE_WITH_CUDA
-// Device values stay on the device (reading them would make the host wait): cache_index_plan
-// checked them before they were staged, and the kernel skips rows out of bounds. The prefix table,
-// and the per-request values on the host (offsets computed by check_on_host among them), go to the
-// device in ONE copy through the staging ring.
-void write_on_cuda(CacheIndexParams& p, const PrefixTable& table, const at::Tensor& req_to_token,
-                   const at::Tensor& req_pool_indices, const at::Tensor& prefix_lens, const at::Tensor& seq_lens,
-                   const std::optional<at::Tensor>& out_cache_offsets) {
+// Device values stay on the device (reading them would make the host wait): the kernel reads them
+// on the stream and skips rows out of bounds. The prefix table, and the per-request values of CPU
+// tensors (the op's copies where it checked them, else each tensor read once by this copy), go to
+// the device in ONE copy through the staging ring.
+void write_on_cuda(CacheIndexParams& p, const PrefixTable& table, const HostValues* checked,
+                   const at::Tensor& req_to_token, const at::Tensor& req_pool_indices, const at::Tensor& prefix_lens,
+                   const at::Tensor& seq_lens, const std::optional<at::Tensor>& out_cache_offsets) {
   if (p.batch == 0) return;
   const c10::cuda::CUDAGuard guard(req_to_token.device());
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(req_to_token.device().index());
@@ -248,16 +312,16 @@ void write_on_cuda(CacheIndexParams& p, const PrefixTable& table, const at::Tens
   Column columns[] = {
       {table.pointers.data(), nullptr, &pointers_param},
       {table.numels.data(), nullptr, &p.prefix_numels},
-      {nullptr, &req_pool_indices, &p.req_pool_indices},
-      {nullptr, &prefix_lens, &p.prefix_lens},
-      {nullptr, &seq_lens, &p.seq_lens},
-      // None: the offsets check_on_host computed.
-      {out_cache_offsets ? nullptr : p.out_cache_offsets, out_cache_offsets ? &*out_cache_offsets : nullptr,
+      {checked ? checked->rows.data() : nullptr, &req_pool_indices, &p.req_pool_indices},
+      {checked ? checked->prefix_lens.data() : nullptr, &prefix_lens, &p.prefix_lens},
+      {checked ? checked->seq_lens.data() : nullptr, &seq_lens, &p.seq_lens},
+      // Checked on the host: the offsets given or computed.
+      {checked ? checked->offsets.data() : nullptr, out_cache_offsets ? &*out_cache_offsets : nullptr,
        &p.out_cache_offsets},
   };
   size_t total = 0;
   for (Column& c : columns) {
-    if (c.device != nullptr && c.device->is_cpu()) c.host = c.device->const_data_ptr();
+    if (c.host == nullptr && c.device->is_cpu()) c.host = c.device->const_data_ptr();
     if (c.host != nullptr) total += slot;
   }
   const at::Tensor staged =
@@ -283,28 +347,33 @@ void write_on_cuda(CacheIndexParams& p, const PrefixTable& table, const at::Tens
 #endif
 
 // The op's CPU and CUDA kernel: one set of checks, then the loop or the kernel for req_to_token's
-// device. Per-request values on the CPU are checked on the host (all of them, for the CPU op).
+// device. Per-request values on the CPU are copied and checked on the host (all of them, for the
+// CPU op).
 void write_cache_indices(const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
                          at::TensorList prefix_tensors, const at::Tensor& prefix_lens, const at::Tensor& seq_lens,
                          const std::optional<at::Tensor>& out_cache_offsets, const at::Tensor& out_cache_loc,
                          const std::optional<at::Tensor>& extend_lens) {
   const bool on_cuda = req_to_token.is_cuda();
-  auto checked = checked_params(req_to_token, req_pool_indices, prefix_tensors, prefix_lens, seq_lens,
-                                out_cache_offsets, out_cache_loc, extend_lens, /*cpu_too=*/on_cuda);
-  CacheIndexParams& p = checked.first;
+  auto [p, table] = checked_params(req_to_token, req_pool_indices, prefix_tensors, prefix_lens, seq_lens,
+                                   out_cache_offsets, out_cache_loc, extend_lens, /*cpu_too=*/on_cuda);
   const bool host_values = req_pool_indices.is_cpu() && prefix_lens.is_cpu() && seq_lens.is_cpu() &&
                            (!out_cache_offsets || out_cache_offsets->is_cpu());
   TORCH_CHECK_VALUE(host_values || !extend_lens, kOp, ": extend_lens is checked on the host: pass it with the "
                     "per-request values on the CPU");
-  std::vector<int64_t> computed_offsets;
-  if (host_values) check_on_host(p, checked.second, req_pool_indices, prefix_lens, seq_lens, out_cache_offsets,
-                                 extend_lens, computed_offsets);
+  HostValues values;
+  if (host_values) {
+    values = {copy_of(&req_pool_indices), copy_of(&prefix_lens), copy_of(&seq_lens),
+              copy_of(out_cache_offsets ? &*out_cache_offsets : nullptr),
+              copy_of(extend_lens ? &*extend_lens : nullptr)};
+    check_on_host(p, table, values, /*given=*/out_cache_offsets.has_value());
+  }
   if (!on_cuda) {
-    write_on_cpu(p, checked.second);
+    write_on_cpu(p, table);
     return;
   }
 #ifdef PINSTAGE_WITH_CUDA
-  write_on_cuda(p, checked.second, req_to_token, req_pool_indices, prefix_lens, seq_lens, out_cache_offsets);
+  write_on_cuda(p, table, host_values ? &values : nullptr, req_to_token, req_pool_indices, prefix_lens, seq_lens,
+                out_cache_offsets);
 #endif
 }
 
@@ -319,22 +388,6 @@ void write_cache_indices_fake(const at::Tensor& req_to_token, const at::Tensor&,
   }
 }
 
-// The host plan for values that will be staged before the op (the benchmarks' other backends): the
-// op's own host checks, extend_lens among them, and the offsets it would compute, as a CPU tensor.
-// It never reads device memory, so one kernel serves req_to_token on any device.
-at::Tensor cache_index_plan(const at::Tensor& req_to_token, at::TensorList prefix_tensors,
-                            const at::Tensor& req_pool_indices, const at::Tensor& prefix_lens,
-                            const at::Tensor& seq_lens, const at::Tensor& extend_lens, const at::Tensor& out_cache_loc) {
-  auto checked = checked_params(req_to_token, req_pool_indices, prefix_tensors, prefix_lens, seq_lens, std::nullopt,
-                                out_cache_loc, extend_lens, /*cpu_too=*/true);
-  std::vector<int64_t> offsets;
-  check_on_host(checked.first, checked.second, req_pool_indices, prefix_lens, seq_lens, std::nullopt, extend_lens,
-                offsets);
-  at::Tensor out = at::empty({static_cast<int64_t>(offsets.size())}, at::TensorOptions().dtype(at::kLong));
-  if (!offsets.empty()) std::memcpy(out.data_ptr<int64_t>(), offsets.data(), offsets.size() * sizeof(int64_t));
-  return out;
-}
-
 }  // namespace
 }  // namespace pinstage
 
@@ -345,5 +398,3 @@ TORCH_LIBRARY_IMPL(pinstage, CUDA, m) { m.impl("write_cache_indices", &pinstage:
 #endif
 
 TORCH_LIBRARY_IMPL(pinstage, Meta, m) { m.impl("write_cache_indices", &pinstage::write_cache_indices_fake); }
-
-TORCH_LIBRARY_IMPL(pinstage, CompositeExplicitAutograd, m) { m.impl("cache_index_plan", &pinstage::cache_index_plan); }

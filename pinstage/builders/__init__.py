@@ -5,10 +5,8 @@ Two shapes that give equal tensors:
   and leave and when tokens come back; each per-step builder is one stage_many of column slices.
 - Builders over a list of request objects (SGLang's shape, drop-in: SGLang's own Req and
   SamplingParams are accepted as they are; protocols.py lists the fields each builder reads): a Python gather plus one
-  stage_many. They take backend="pinstage" (default), "pinned" or "blocking", the patterns engines
-  use today, so that they can be tested equal and timed side by side.
+  stage_many.
 """
-from ._backend import BACKENDS
 from .batch_state import BatchState
 from .cache import write_cache_indices
 from .decode import DecodeInputs, build_decode_inputs, build_penalty_last_token_ids, last_token_ids
@@ -22,7 +20,6 @@ from .sampling import DEFAULT_SAMPLING_SEED, SamplingBatch, build_sampling_batch
 from .static_step import BATCH_STATE_FIELDS, batch_static_inputs
 
 __all__ = [
-    "BACKENDS",
     "BATCH_STATE_FIELDS",
     "BatchRequest",
     "BatchState",

@@ -10,8 +10,6 @@ import pinstage
 
 from pinstage._api import Device
 
-from ._backend import stage
-
 # (name, one value per request, dtype): a field as stage_fields stages it.
 Field = Tuple[str, Sequence[Any], torch.dtype]
 
@@ -68,13 +66,12 @@ def _raise_first_invalid(
     raise AssertionError(f"{field}: the batch check failed but no request fails it")
 
 
-def stage_fields(
-    fields: Sequence[Field], backend: str, stream: Optional[torch.cuda.Stream], device: Device
-) -> List[torch.Tensor]:
-    """fields: [(name, values, dtype)] with one value per request. Stages them together; when a
-    value cannot be converted, re-raises the error naming the request and the field."""
+def stage_fields(fields: Sequence[Field], stream: Optional[torch.cuda.Stream], device: Device) -> List[torch.Tensor]:
+    """fields: [(name, values, dtype)] with one value per request. Stages them together (one
+    stage_many: one ring region, one copy); when a value cannot be converted, re-raises the error
+    naming the request and the field."""
     try:
-        return stage([(values, dtype) for _, values, dtype in fields], backend, stream, device)
+        return pinstage.stage_many([(values, dtype) for _, values, dtype in fields], stream, device=device)
     except pinstage.RingFullError:
         raise  # no value is at fault
     except (TypeError, ValueError, OverflowError, RuntimeError) as exc:

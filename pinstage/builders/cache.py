@@ -2,7 +2,7 @@
 write_cache_indices does before a prefill: the cached prefix's slots at [0, prefix_len), the newly
 allocated slots (its slice of out_cache_loc) at [prefix_len, seq_len)."""
 import contextlib
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Iterable, List, Optional, Sequence, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -10,12 +10,10 @@ import torch
 
 import pinstage
 
-from ._backend import check_backend, stage
-
 _FIELDS = ("req_pool_indices", "prefix_lens", "seq_lens", "extend_lens")
 
-# One int per request: a list or an integer numpy array.
-IntColumn = Union[Sequence[int], npt.NDArray[np.integer[Any]]]
+# One int per request: a list, an integer numpy array or an integer CPU tensor.
+IntColumn = Union[Sequence[int], npt.NDArray[np.integer[Any]], torch.Tensor]
 
 
 def write_cache_indices(
@@ -27,22 +25,21 @@ def write_cache_indices(
     extend_lens: IntColumn,
     out_cache_loc: torch.Tensor,
     *,
-    backend: str = "pinstage",
     stream: Optional[torch.cuda.Stream] = None,
 ) -> None:
     """req_to_token: int32 [rows, max_context_len]; out_cache_loc: int64 [sum(extend_lens)]; both on
-    one device. req_pool_indices, prefix_lens, seq_lens, extend_lens: one int per request (lists or
-    integer numpy arrays). prefix_tensors: one int64 1-D tensor per request on that device, at least
-    prefix_len long.
+    one device. req_pool_indices, prefix_lens, seq_lens, extend_lens: one int per request (lists,
+    integer numpy arrays or integer CPU tensors). prefix_tensors: one int64 1-D tensor per request on
+    that device, at least prefix_len long.
 
     Everything is validated on the host before anything is staged or written (IndexError for a row
-    outside req_to_token, TypeError for a wrong dtype, ValueError otherwise; messages name the request
-    and the field). On CUDA it is one kernel launch on `stream` (default: the current stream) and the
-    host does not wait. The prefix tensors are read by the kernel: as with any op on that stream,
-    freeing them after the call is safe where the caching allocator orders their reuse (the same
-    stream), not where another stream reuses their memory first.
+    outside req_to_token, TypeError for a wrong dtype, a float or a bool, ValueError otherwise;
+    messages name the request and the field; RuntimeError for a req_to_token whose rows share memory
+    or that overlaps an input). On CUDA it is one kernel launch on `stream` (default: the current
+    stream) and the host does not wait. The prefix tensors are read by the kernel: as with any op on
+    that stream, freeing them after the call is safe where the caching allocator orders their reuse
+    (the same stream), not where another stream reuses their memory first.
     """
-    check_backend(backend)
     for name, t in (("req_to_token", req_to_token), ("out_cache_loc", out_cache_loc)):
         # By type, not isinstance: an object whose __class__ claims torch.Tensor would be read as one.
         if not issubclass(type(t), torch.Tensor):
@@ -50,62 +47,77 @@ def write_cache_indices(
     # A copy taken before the ints are read: reading one can run Python code (an __index__) that
     # changes the list.
     prefix_tensors = list(prefix_tensors)
-    columns = _int64_columns(req_pool_indices, prefix_lens, seq_lens, extend_lens)
-    rows, prefixes, lengths, extends = columns
-    if backend == "pinstage":
-        # One op: it checks the CPU values on the host (extend_lens against the lengths too),
-        # computes each request's offset in out_cache_loc and copies them with the prefix table in
-        # one copy.
-        values: Tuple[Optional[torch.Tensor], ...] = (rows, prefixes, lengths, None, extends)
-    else:
-        # The other backends move the values (and the offsets the op's host checks plan) first, the
-        # way they are timed against the op's own copy.
-        offsets = _call(torch.ops.pinstage.cache_index_plan, prefix_tensors, req_to_token, prefix_tensors, *columns,
-                        out_cache_loc)
-        staged = stage([(v, torch.int64) for v in (rows, prefixes, lengths, offsets)], backend, stream,
-                       req_to_token.device)
-        values = (*staged, None)
-    rows_v, prefixes_v, lengths_v, offsets_v, extends_v = values
+    rows, prefixes, lengths, extends = (
+        _int64_column(name, column)
+        for name, column in zip(_FIELDS, (req_pool_indices, prefix_lens, seq_lens, extend_lens))
+    )
+    # One op: it checks the CPU values on the host (extend_lens against the lengths too), computes
+    # each request's offset in out_cache_loc and copies them with the prefix table in one copy.
     with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-        _call(torch.ops.pinstage.write_cache_indices, prefix_tensors, req_to_token, rows_v, prefix_tensors,
-              prefixes_v, lengths_v, offsets_v, out_cache_loc, extends_v)
+        try:
+            torch.ops.pinstage.write_cache_indices(req_to_token, rows, prefix_tensors, prefixes, lengths, None,
+                                                   out_cache_loc, extends)
+        except (TypeError, RuntimeError):
+            _raise_if_not_tensors(prefix_tensors)
+            raise
 
 
-def _call(op: Callable[..., Any], prefix_tensors: List[torch.Tensor], *args: Any) -> Any:
-    """op(*args), with torch's error for a prefix_tensors entry that is no tensor (a RuntimeError from
-    its argument parser) replaced by a TypeError naming the request (looked for only once the op has
-    refused the call)."""
-    try:
-        return op(*args)
-    except (TypeError, RuntimeError):
-        for i, t in enumerate(prefix_tensors):
-            if not issubclass(type(t), torch.Tensor):
-                raise TypeError(f"write_cache_indices: request {i}: prefix_tensors entry must be a tensor, got "
-                                f"{type(t).__name__}") from None
-        raise
+def _raise_if_not_tensors(prefix_tensors: List[torch.Tensor]) -> None:
+    """torch's error for a prefix_tensors entry that is no tensor (a RuntimeError from its argument
+    parser), as a TypeError naming the request (looked for only once the op has refused the call)."""
+    for i, t in enumerate(prefix_tensors):
+        if not issubclass(type(t), torch.Tensor):
+            raise TypeError(f"write_cache_indices: request {i}: prefix_tensors entry must be a tensor, got "
+                            f"{type(t).__name__}") from None
 
 
-def _int64_columns(
-    *columns: IntColumn,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The per-request ints as CPU int64 tensors: integer numpy arrays as they are, other columns
-    converted by pinstage's CPU path. A float, str or bool is refused (TypeError naming the request
-    and the field), not truncated; lengths and ranges are checked by torch.ops.pinstage.cache_index_plan."""
-    out = []
-    for name, column in zip(_FIELDS, columns):
-        values = np.asarray(column)
-        if values.ndim != 1:
-            raise ValueError(f"write_cache_indices: {name} must be one int per request")
-        if values.dtype.kind in "iu":
-            if values.dtype.kind == "u" and values.size and values.max() >= 2**63:
-                raise OverflowError(f"write_cache_indices: {name} has a value beyond int64")
-            out.append(torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64)))
-            continue
-        for i, value in enumerate(column):
-            if isinstance(value, (bool, np.bool_)) or not hasattr(type(value), "__index__"):
-                raise TypeError(
-                    f"write_cache_indices: request {i}: {name} must be an int, got {type(value).__name__}"
-                )
-        out.append(pinstage.stage_to_device(column, torch.int64, device="cpu"))
-    rows, prefixes, lengths, extends = out
-    return rows, prefixes, lengths, extends
+def _int64_column(name: str, column: IntColumn) -> torch.Tensor:
+    """One int per request as a CPU int64 tensor: integer tensors and numpy arrays as they are,
+    lists converted by pinstage's CPU path. A float, bool, complex or str column or entry is refused
+    (TypeError naming the field and the request or the dtype), never truncated or read as 0/1 into
+    another request's row; lengths and ranges are checked by the op."""
+    if isinstance(column, (torch.Tensor, np.ndarray)):
+        dtype = column.dtype
+        if column.size and not _is_integer_dtype(dtype):  # an empty batch's array may be float64
+            what = "a tensor" if isinstance(column, torch.Tensor) else "a numpy array"
+            raise TypeError(f"write_cache_indices: {name} must hold integers, got {what} of {dtype}")
+        if isinstance(column, torch.Tensor) and dtype == torch.int64 and column.device.type == "cpu" \
+                and column.dim() == 1:
+            return column.contiguous()  # itself where it is: the op checks its memory against req_to_token's
+    else:
+        # A copy: reading an entry can run Python code (an __index__) that changes the list.
+        column = list(column)
+        if not set(map(type, column)) <= {int}:
+            # numpy reads [True, 2] and [tensor(0.9)] as ints: each entry is looked at.
+            _check_entries(name, column)
+    values = np.asarray(column)
+    if values.ndim != 1:
+        raise ValueError(f"write_cache_indices: {name} must be one int per request")
+    if values.dtype.kind in "iu":
+        if values.dtype.kind == "u" and values.size and values.max() >= 2**63:
+            raise OverflowError(f"write_cache_indices: {name} has a value beyond int64")
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64))
+    if isinstance(column, np.ndarray):  # an object array
+        _check_entries(name, column)
+    result: torch.Tensor = pinstage.stage_to_device(column, torch.int64, device="cpu")
+    return result
+
+
+def _is_integer_dtype(dtype: Union[torch.dtype, np.dtype[Any]]) -> bool:
+    if isinstance(dtype, torch.dtype):
+        return not (dtype == torch.bool or dtype.is_floating_point or dtype.is_complex)
+    return dtype.kind in "iuO"  # an object array's entries are looked at one by one
+
+
+def _check_entries(name: str, column: Iterable[Any]) -> None:
+    """TypeError naming the first entry that is not an integer (a bool, a float, a str, a tensor of
+    another dtype or shape); Python and numpy ints and objects with __index__ pass."""
+    for i, value in enumerate(column):
+        if isinstance(value, torch.Tensor):
+            ok = value.dim() == 0 and _is_integer_dtype(value.dtype)
+            got = f"a tensor of {value.dtype}"
+        else:
+            ok = not isinstance(value, (bool, np.bool_)) and hasattr(type(value), "__index__")
+            got = type(value).__name__
+        if not ok:
+            raise TypeError(f"write_cache_indices: request {i}: {name} must be an int, got {got}")

@@ -37,32 +37,35 @@ def last_token_ids(requests: Sequence[TokenHistory], where: str = "last_token_id
 
 
 def build_penalty_last_token_ids(
-    requests: Sequence[TokenHistory], *, backend: str = "pinstage", stream: Optional[torch.cuda.Stream] = None,
-    device: Device = None,
+    requests: Sequence[TokenHistory], *, stream: Optional[torch.cuda.Stream] = None, device: Device = None,
 ) -> torch.Tensor:
     """int64 [bs] of last tokens for the penalizers, for engines whose input ids are already on the
     device (overlap scheduling) and only the penalty path needs the host's copy. Reads
     request.output_ids and request.origin_input_ids (TokenHistory: SGLang's Req has them)."""
     ids_list = last_token_ids(requests, "build_penalty_last_token_ids")
-    (ids,) = stage_fields([("last token id", ids_list, torch.int64)], backend, stream, device)
+    (ids,) = stage_fields([("last token id", ids_list, torch.int64)], stream, device)
     return ids
 
 
 def build_decode_inputs(
-    requests: Sequence[DecodeRequest], *, backend: str = "pinstage", stream: Optional[torch.cuda.Stream] = None,
-    device: Device = None,
+    requests: Sequence[DecodeRequest], *, stream: Optional[torch.cuda.Stream] = None, device: Device = None,
 ) -> DecodeInputs:
-    """The three per-step decode tensors, staged together (one copy with backend="pinstage"), as
-    SGLang's prepare_for_decode makes them. Reads request.origin_input_ids, request.output_ids and
-    the request's req_to_token row, `req_pool_idx` or (SGLang 0.5.23) `kv.req_pool_idx`
-    (DecodeRequest): an int >= 0, ValueError naming the request otherwise."""
+    """The three per-step decode tensors, staged together (one copy), as SGLang's prepare_for_decode
+    makes them. Reads request.origin_input_ids, request.output_ids and the request's req_to_token
+    row, `req_pool_idx` or (SGLang 0.5.23) `kv.req_pool_idx` (DecodeRequest): an int >= 0,
+    ValueError naming the request otherwise."""
+    return DecodeInputs(*stage_fields(decode_fields(requests), stream, device))
+
+
+def decode_fields(requests: Sequence[DecodeRequest]) -> List[Field]:
+    """build_decode_inputs's host values, validated: (name, one value per request, dtype) fields in
+    DecodeInputs's order."""
     ids = last_token_ids(requests, "build_decode_inputs")
     req_pool_indices = pool_rows("build_decode_inputs", requests)
     if requests:
         checked_bounds(req_pool_indices, "req_pool_idx", lambda v: v >= 0, ">= 0", integer=True)
-    fields: List[Field] = [
+    return [
         ("last token id", ids, torch.int64),
         ("seq_len", [len(r.origin_input_ids) + len(r.output_ids) for r in requests], torch.int64),
         ("req_pool_idx", req_pool_indices, torch.int64),
     ]
-    return DecodeInputs(*stage_fields(fields, backend, stream, device))

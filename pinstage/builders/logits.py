@@ -19,8 +19,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+import pinstage
+
 from .._api import Device
-from ._backend import stage
 from ._checks import is_integer_entry
 
 
@@ -90,14 +91,14 @@ def _raise_first_invalid(lens: Sequence[Any], starts: Sequence[Any]) -> NoReturn
 
 
 def build_logprob_indices(
-    extend_seq_lens: Sequence[int], extend_logprob_start_lens: Sequence[int], *, backend: str = "pinstage",
+    extend_seq_lens: Sequence[int], extend_logprob_start_lens: Sequence[int], *,
     stream: Optional[torch.cuda.Stream] = None, device: Device = None,
 ) -> LogprobIndices:
     """Per-request lengths (lists of ints or integer numpy arrays) -> LogprobIndices, the four
-    int64 tensors staged together (one copy with backend="pinstage").
+    int64 tensors staged together (one copy).
 
     Raises ValueError naming the request when a length is < 1 or a start is outside [0, length],
     TypeError when one is not an int; nothing is staged then.
     """
     tensors = logprob_index_tensors(extend_seq_lens, extend_logprob_start_lens)
-    return LogprobIndices(*stage([(t, torch.int64) for t in tensors], backend, stream, device))
+    return LogprobIndices(*pinstage.stage_many([(t, torch.int64) for t in tensors], stream, device=device))

@@ -1,7 +1,8 @@
 """Per-batch sampling tensors and flags from a list of SamplingParams, as SGLang's
 SamplingBatchInfo.from_schedule_batch builds them."""
+import functools
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -59,14 +60,14 @@ def sampling_flags(top_p_min: float, top_k_min: int, top_k_max: int, min_p_max: 
 
 
 def build_sampling_batch(
-    params: Sequence[SamplingFields], *, enable_deterministic_sampling: bool = False, backend: str = "pinstage",
+    params: Sequence[SamplingFields], *, enable_deterministic_sampling: bool = False,
     stream: Optional[torch.cuda.Stream] = None, device: Device = None,
 ) -> SamplingBatch:
     """params: one sampling-parameters object per request, in batch order (pinstage's
     SamplingParams, SGLang's, or any SamplingFields: reads temperature, top_p, top_k, min_p,
     sampling_seed, frequency_penalty, presence_penalty, repetition_penalty, as SGLang's
     SamplingBatchInfo.from_schedule_batch and penalizers do) -> SamplingBatch, every tensor staged
-    together (one copy with backend="pinstage").
+    together (one copy).
 
     Raises ValueError (TypeError for a value of the wrong type) naming the request and the field
     when temperature is negative or not finite, top_p outside (0, 1], top_k not an int >= 1
@@ -74,6 +75,15 @@ def build_sampling_batch(
     an int nor None; TypeError naming what was expected when params is not a list or an entry lacks
     a field. Nothing is staged then.
     """
+    fields, batch = sampling_fields(params, enable_deterministic_sampling)
+    return batch(stage_fields(fields, stream, device))
+
+
+def sampling_fields(
+    params: Sequence[SamplingFields], enable_deterministic_sampling: bool = False
+) -> Tuple[List[Field], Callable[[Sequence[torch.Tensor]], SamplingBatch]]:
+    """build_sampling_batch's host values, validated, as (name, one value per request, dtype)
+    fields, and the function that makes the SamplingBatch of their tensors (staged in that order)."""
     params = checked_list("build_sampling_batch", params, "sampling parameters")
     try:
         temperatures = [p.temperature for p in params]
@@ -114,10 +124,9 @@ def build_sampling_batch(
         fields.append(("sampling_seed", seeds, torch.int64))
     if need_penalties:
         fields.append(("penalties", penalties, torch.float32))
-    tensors = stage_fields(fields, backend, stream, device)
-    return SamplingBatch.from_staged(
-        tensors, with_seeds=enable_deterministic_sampling, with_penalties=need_penalties, flags=flags
-    )
+    return fields, functools.partial(
+        SamplingBatch.from_staged, with_seeds=enable_deterministic_sampling, with_penalties=need_penalties,
+        flags=flags)
 
 
 def _checked(values: Sequence[Any], name: str) -> Tuple[Any, Any]:
