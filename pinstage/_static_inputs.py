@@ -7,6 +7,9 @@ import torch
 from . import _C
 from ._api import Device
 
+# A Python dispatch mode (FakeTensorMode) must not see the fills: the core reads their bytes.
+_PYTHON_DISPATCH = (torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
+                    | torch._C.DispatchKeySet(torch._C.DispatchKey.PythonTLSSnapshot))
 
 
 class Field(NamedTuple):
@@ -29,6 +32,9 @@ class StaticInputs:
         inputs.stage({"input_ids": ids, "temperatures": temps}, n=len(ids))   # then graph.replay()
 
     Every row holds its field's fill from construction on (one copy on the device's current stream).
+    device: as for stage_to_device (None: the current CUDA device, else the CPU); torch's default
+    device (torch.set_default_device, `with torch.device(...)`) does not choose it. The allocation is
+    real memory under a Python dispatch mode too (FakeTensorMode), as stage_to_device's results are.
     On the CPU (no CUDA) the views are ordinary CPU tensors that stage() writes directly.
     One StaticInputs is one set of graph inputs: stage it from one thread at a time.
     """
@@ -82,7 +88,9 @@ class StaticInputs:
 
 def _field_spec(name, field):
     """(name, dtype, row shape, fill as a 0-d CPU tensor): the fill converted by torch's own rules
-    (as tensor.fill_ converts it), so a value the dtype cannot hold raises here, naming the field."""
+    (as tensor.fill_ converts it), so a value the dtype cannot hold raises here, naming the field.
+    The fill is a real CPU tensor whatever the default device or dispatch mode: the core reads its
+    bytes."""
     if not isinstance(name, str):
         raise TypeError("pinstage.StaticInputs: field names must be str, got %s" % type(name).__name__)
     if not isinstance(field, Field):
@@ -97,7 +105,8 @@ def _field_spec(name, field):
         raise TypeError("pinstage.StaticInputs: field '%s': shape must be a tuple of ints, got %r"
                         % (name, field.shape)) from None
     try:
-        fill = torch.full((), field.fill, dtype=field.dtype)
+        with torch._C._ExcludeDispatchKeyGuard(_PYTHON_DISPATCH):
+            fill = torch.full((), field.fill, dtype=field.dtype, device="cpu")
     except (RuntimeError, TypeError, ValueError) as exc:
         raise type(exc)("pinstage.StaticInputs: field '%s': fill %r: %s" % (name, field.fill, exc)) from None
     return name, field.dtype, shape, fill

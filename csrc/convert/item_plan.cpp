@@ -3,7 +3,6 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
 
@@ -16,11 +15,6 @@
 
 namespace pinstage {
 namespace {
-
-// Python dispatch modes (FakeTensorMode, a TorchDispatchMode) must not see pinstage's own
-// allocations and copies: a mode would hand back a tensor without real memory to write through.
-using NoPythonDispatch = c10::impl::ExcludeDispatchKeyGuard;
-const c10::DispatchKeySet kPythonDispatch({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot});
 
 // Never released: it must outlive every call, and decref'ing it during interpreter teardown
 // (static destructors run after Python finalises) would crash.
@@ -44,7 +38,7 @@ at::Tensor call_fallback(PyObject* data, c10::ScalarType dtype) {
                    "effect); pinstage stages only values held in memory");
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == dtype,
               "pinstage: the fallback converter returned a tensor of the wrong device or dtype");
-  NoPythonDispatch no_python(kPythonDispatch);
+  NoPythonDispatch no_python;
   return t.contiguous();
 }
 
@@ -79,7 +73,7 @@ void write_tensor(const ItemPlan& plan, void* dst) {
     std::memcpy(dst, t.const_data_ptr(), plan.nbytes);
     return;
   }
-  NoPythonDispatch no_python(kPythonDispatch);
+  NoPythonDispatch no_python;
   at::AutoDispatchBelowAutograd no_autograd;
   at::from_blob(dst, plan.shape, at::TensorOptions().dtype(plan.dtype)).copy_(t);
 }
@@ -199,7 +193,7 @@ at::Tensor cpu_values(ItemPlan& plan) {
   if (plan.source == ItemPlan::Source::kHeld) return plan.tensor;
   at::Tensor out;
   {
-    NoPythonDispatch no_python(kPythonDispatch);
+    NoPythonDispatch no_python;
     out = at::empty(plan.shape, at::TensorOptions().dtype(plan.dtype));
   }
   write_item(plan, out.data_ptr());
