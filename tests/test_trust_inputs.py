@@ -4,7 +4,9 @@ foreign memory, or staged other values than torch.tensor gives. Cases that could
 in a subprocess (test_memory_safety.run_child); each child ends by checking that pinstage still works.
 """
 import textwrap
+import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -454,3 +456,53 @@ def test_static_inputs_under_fake_tensor_mode(device):
         device,
         timeout=120,
     )
+
+
+def bool_sources():
+    """Bool data whose bytes are not all 0 or 1 (uint8 memory viewed as bool): numpy arrays and CPU
+    tensors, contiguous, strided and 2-D."""
+    raw = np.array([0, 1, 2, 255, 7, 0, 128, 1], np.uint8)
+    flat = raw.view(np.bool_)
+    tensor = torch.from_numpy(raw.copy()).view(torch.bool)
+    return {
+        "numpy": flat,
+        "numpy_strided": flat[1::2],
+        "numpy_2d": flat.reshape(2, 4),
+        "numpy_2d_transposed": flat.reshape(2, 4).T,
+        "tensor": tensor,
+        "tensor_strided": tensor[1::2],
+        "tensor_2d": tensor.reshape(2, 4),
+    }
+
+
+def torch_tensor_bytes(data, dtype):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.tensor(a_tensor) recommends clone()
+        return torch.tensor(data, dtype=dtype).contiguous().view(torch.uint8)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int64, torch.float32, torch.bfloat16],
+                         ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("source", list(bool_sources()))
+def test_bool_bytes_other_than_0_and_1_are_staged_as_torch_tensor_reads_them(device, dtype, source):
+    """torch.tensor reads any nonzero bool byte as True (1): so does every path, where the bytes
+    were once copied raw (2 and 255 staged as bools, or read back as 2 and 255)."""
+    data = bool_sources()[source]
+    want = torch_tensor_bytes(data, dtype)
+    shape = tuple(data.shape)
+
+    def same(got, path):
+        assert tuple(got.shape) == shape and got.dtype == dtype, (path, got.shape, got.dtype)
+        got_bytes = got.cpu().contiguous().view(torch.uint8)
+        assert got_bytes.tolist() == want.tolist(), "%s: bytes %s, torch.tensor gives %s" % (
+            path, got_bytes.tolist(), want.tolist())
+
+    same(pinstage.stage_to_device(data, dtype, device=device), "stage_to_device")
+    same(pinstage.stage_many([([3], torch.int64), (data, dtype)], device=device)[1], "stage_many")
+    out = torch.zeros(shape, dtype=dtype, device=device)
+    pinstage.stage_into(data, out)
+    same(out, "stage_into")
+    inputs = pinstage.StaticInputs({"f": pinstage.Field(dtype, shape[1:])}, max_bs=shape[0] + 1, device=device)
+    inputs.stage({"f": data}, shape[0])
+    same(inputs["f"][: shape[0]], "StaticInputs")

@@ -60,6 +60,15 @@ void write_fallback(ItemPlan& plan, void* dst) {
   if (plan.nbytes > 0) std::memcpy(dst, plan.tensor.data_ptr(), plan.nbytes);
 }
 
+// A bool tensor or buffer staged as bool is copied byte for byte, which keeps bytes other than 0
+// and 1 (uint8 memory viewed as bool); torch's copy kernel reads any nonzero byte as true (1).
+// Only bool items pay for the pass.
+void normalize_bools(const ItemPlan& plan, void* dst) {
+  if (plan.dtype != c10::ScalarType::Bool) return;
+  auto* bytes = static_cast<uint8_t*>(dst);
+  for (size_t i = 0; i < plan.nbytes; ++i) bytes[i] = bytes[i] != 0;
+}
+
 // torch.tensor(t, dtype=...) is t.detach().to(dtype, copy=True): torch's copy kernel, which also
 // gathers a strided tensor and resolves the conj and neg bits. The tensor (storage included) is
 // checked again first: Python code may have run since it was planned and resized or swapped it.
@@ -71,6 +80,7 @@ void write_tensor(const ItemPlan& plan, void* dst) {
   if (plan.nbytes == 0) return;
   if (t.scalar_type() == plan.dtype && t.is_contiguous() && !t.is_neg() && !t.is_conj()) {
     std::memcpy(dst, t.const_data_ptr(), plan.nbytes);
+    normalize_bools(plan, dst);
     return;
   }
   NoPythonDispatch no_python;
@@ -170,7 +180,7 @@ void write_item(ItemPlan& plan, void* dst) {
       break;
     case Source::kBuffer:
       if (!plan.buffer.unchanged(plan.data)) data_changed(plan, plan.buffer.shape());
-      if (plan.buffer.write(plan.dtype, dst)) return;
+      if (plan.buffer.write(plan.dtype, dst)) return normalize_bools(plan, dst);
       break;
     case Source::kTensor:
       write_tensor(plan, dst);
@@ -186,7 +196,8 @@ void write_item(ItemPlan& plan, void* dst) {
 
 void write_fresh_item(ItemPlan& plan, void* dst) {
   if (plan.source != ItemPlan::Source::kBuffer) return write_item(plan, dst);
-  if (!plan.buffer.write(plan.dtype, dst)) write_fallback(plan, dst);
+  if (!plan.buffer.write(plan.dtype, dst)) return write_fallback(plan, dst);
+  normalize_bools(plan, dst);
 }
 
 at::Tensor cpu_values(ItemPlan& plan) {
