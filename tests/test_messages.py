@@ -5,6 +5,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -60,6 +61,29 @@ def test_configure_takes_the_forms_the_environment_takes():
         pinstage.configure(ring_bytes="16Q")
     with pytest.raises(ValueError, match=r"on_full must be \"overflow\", \"wait\" or \"error\", got \"never\""):
         pinstage.configure(on_full="never")
+
+
+@pytest.mark.parametrize(
+    "dtype, said",
+    [
+        (np.int64, r"got numpy.int64 \(a numpy type\); use torch.int64"),
+        (np.float32, r"got numpy.float32 \(a numpy type\); use torch.float32"),
+        (np.bool_, r"got numpy.bool \(a numpy type\); use torch.bool"),
+        (np.dtype("uint16"), r"got numpy.dtype\('uint16'\) \(a numpy dtype\); use torch.uint16"),
+        (np.str_, r"got numpy.str_ \(a numpy type\); it has no torch dtype"),
+        (int, r"got the type int$"),
+        ("int64", r"got str$"),
+    ],
+    ids=["np.int64", "np.float32", "np.bool_", "np.dtype", "np.str_", "int", "str"],
+)
+def test_a_dtype_that_is_not_a_torch_dtype_is_named_with_its_torch_counterpart(dtype, said):
+    """np.int64 was "got type": now what it is and the torch dtype to use, for every entry point."""
+    with pytest.raises(TypeError, match=r"pinstage: dtype must be a torch.dtype, " + said):
+        pinstage.stage_to_device([1], dtype)
+    with pytest.raises(TypeError, match=r"item 1: pinstage: dtype must be a torch.dtype, " + said):
+        pinstage.stage_many([([1], torch.int64), ([1], dtype)])
+    with pytest.raises(TypeError, match=r"pinstage: Field dtype must be a torch.dtype, " + said):
+        pinstage.Field(dtype)  # at construction, not when a StaticInputs is built from it
 
 
 def test_ring_full_error_is_a_runtime_error_engines_can_catch():

@@ -305,6 +305,30 @@ def test_field_declarations_are_checked():
         StaticInputs({}, max_bs=4, device="cpu")
 
 
+def test_declarations_out_of_range_or_not_text_name_the_problem():
+    """These once came back as pybind11's "incompatible constructor arguments" or "Unable to cast
+    ... to C++ type '?'"."""
+    with pytest.raises(ValueError, match=r"max_bs must be between 1 and 2\*\*63 - 1, got 9223372036854775808"):
+        StaticInputs({"x": Field(torch.int64)}, max_bs=2**63, device="cpu")
+    with pytest.raises(ValueError, match=r"field 'x': shape \(2, 9223372036854775808\): each dimension must be"):
+        StaticInputs({"x": Field(torch.int64, (2, 2**63))}, max_bs=4, device="cpu")
+    with pytest.raises(ValueError, match=r"field name 'a\\ud800' is not valid text"):
+        StaticInputs({"a\ud800": Field(torch.int64)}, max_bs=4, device="cpu")
+    with pytest.raises(RuntimeError, match="more than 2\\*\\*63 bytes|Storage size calculation overflowed"):
+        StaticInputs({"x": Field(torch.int64, (2**61,))}, max_bs=4, device="cpu")
+
+
+def test_field_refuses_a_dtype_at_construction():
+    """Field(np.int64) was accepted until a StaticInputs was built from it."""
+    with pytest.raises(TypeError, match=r"Field dtype must be a torch.dtype, got numpy.int64 \(a numpy type\); "
+                                        r"use torch.int64"):
+        Field(np.int64)
+    with pytest.raises(TypeError, match="unsupported dtype torch.complex64"):
+        Field(torch.complex64, fill=0)
+    with pytest.raises(TypeError, match=r"field 'x' dtype must be a torch.dtype"):
+        StaticInputs({"x": Field(torch.int64)._replace(dtype=np.int64)}, max_bs=4, device="cpu")
+
+
 class default_device:
     """torch's default device set to `device` by `with torch.device(...)` or set_default_device."""
 

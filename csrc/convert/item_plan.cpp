@@ -108,6 +108,47 @@ bool tensor_is_copyable(const at::Tensor& t) {
   return has_real_memory(t);
 }
 
+// A module already imported, or null: numpy's values cannot reach pinstage unless numpy was imported.
+THPObjectPtr imported_module(const char* name) {
+  THPObjectPtr text(PyUnicode_FromString(name));
+  return THPObjectPtr(text ? PyImport_GetModule(text.get()) : nullptr);
+}
+
+// What a dtype argument that is not a torch.dtype is, for the error; a numpy dtype or scalar type
+// (np.int64, np.dtype("int64")) is named with the torch dtype of the same name. Runs numpy's Python
+// code, on this error path only.
+std::string describe_non_dtype(PyObject* obj) {
+  if (obj == nullptr) return "nothing";
+  const bool is_type = PyType_Check(obj);
+  const std::string text = is_type ? std::string("the type ") + reinterpret_cast<PyTypeObject*>(obj)->tp_name
+                                   : std::string(Py_TYPE(obj)->tp_name);
+  THPObjectPtr numpy = imported_module("numpy");
+  THPObjectPtr generic(numpy ? PyObject_GetAttrString(numpy.get(), "generic") : nullptr);
+  THPObjectPtr numpy_dtype(numpy ? PyObject_GetAttrString(numpy.get(), "dtype") : nullptr);
+  const auto subtype = [](PyObject* cls, PyObject* base) {
+    return cls != nullptr && base != nullptr && PyType_Check(cls) && PyType_Check(base) &&
+           PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(cls), reinterpret_cast<PyTypeObject*>(base));
+  };
+  const bool numpy_type = is_type && subtype(obj, generic.get());
+  const bool numpy_instance = subtype(reinterpret_cast<PyObject*>(Py_TYPE(obj)), numpy_dtype.get());
+  THPObjectPtr as_dtype(numpy_type || numpy_instance ? PyObject_CallOneArg(numpy_dtype.get(), obj) : nullptr);
+  THPObjectPtr name(as_dtype ? PyObject_GetAttrString(as_dtype.get(), "name") : nullptr);
+  THPObjectPtr repr(numpy_instance ? PyObject_Repr(obj) : nullptr);
+  const char* name_text = name && PyUnicode_Check(name.get()) ? PyUnicode_AsUTF8(name.get()) : nullptr;
+  const char* repr_text = repr ? PyUnicode_AsUTF8(repr.get()) : nullptr;
+  if (name_text == nullptr || (numpy_instance && repr_text == nullptr)) {
+    PyErr_Clear();
+    return text;
+  }
+  const std::string what = numpy_type ? std::string(reinterpret_cast<PyTypeObject*>(obj)->tp_name) + " (a numpy type)"
+                                      : std::string("numpy.") + repr_text + " (a numpy dtype)";
+  THPObjectPtr torch_module = imported_module("torch");
+  THPObjectPtr counterpart(torch_module ? PyObject_GetAttrString(torch_module.get(), name_text) : nullptr);
+  PyErr_Clear();
+  if (counterpart && THPDtype_Check(counterpart.get())) return what + "; use torch." + name_text;
+  return what + "; it has no torch dtype";
+}
+
 }  // namespace
 
 size_t checked_nbytes(c10::IntArrayRef shape, c10::ScalarType dtype, int64_t* numel) {
@@ -119,7 +160,7 @@ size_t checked_nbytes(c10::IntArrayRef shape, c10::ScalarType dtype, int64_t* nu
 
 c10::ScalarType parse_dtype(PyObject* dtype, const char* what) {
   TORCH_CHECK_TYPE(dtype != nullptr && THPDtype_Check(dtype), "pinstage: ", what, " must be a torch.dtype, got ",
-                   dtype == nullptr ? "nothing" : Py_TYPE(dtype)->tp_name);
+                   describe_non_dtype(dtype));
   const c10::ScalarType t = reinterpret_cast<THPDtype*>(dtype)->scalar_type;
   TORCH_CHECK_TYPE(is_supported_dtype(t), "pinstage: unsupported dtype ", dtype_name(t),
                    "; supported: torch.bool, uint8, int8, int16, int32, int64, uint16, uint32, uint64, "

@@ -257,6 +257,9 @@ PYBIND11_MODULE(_C, m) {
       .def("views", &StaticInputs::views)
       .def_property_readonly("device", &StaticInputs::device);
 
+  m.def("_check_dtype", [](py::handle dtype, const std::string& what) {
+    translate_errors([&] { parse_dtype(dtype.ptr(), what.c_str()); });
+  });
   m.def("_set_fallback", [](py::handle fn) { set_fallback(fn.ptr()); });
   m.def("_register_buffer_types", [](py::handle ndarray, py::handle generic, py::handle array) {
     register_buffer_types(ndarray.ptr(), generic.ptr(), array.ptr());
