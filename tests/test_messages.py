@@ -11,6 +11,7 @@ import torch
 
 import pinstage
 from pinstage.builders import Request, SamplingParams, build_decode_inputs, build_sampling_batch
+from test_memory_safety import ROOT
 
 
 def test_a_bad_seed_names_the_request_and_the_field():
@@ -52,15 +53,43 @@ def test_sampling_params_check_types_at_construction():
         SamplingParams(repetition_penalty=0)
 
 
-def test_configure_takes_the_forms_the_environment_takes():
+def test_configure_takes_an_int_of_at_least_one_page():
+    """ring_bytes="16MB" and ring_bytes=100 were once taken without a word. A str is refused
+    (naming the int it would mean: the environment variable takes "16M", configure an int), and a
+    ring below one page too."""
     with pytest.raises(TypeError, match="unexpected keyword argument 'ringbytes'"):
         pinstage.configure(ringbytes=1)
-    pinstage.configure(ring_bytes="16M")
-    pinstage.configure(ring_bytes=8 << 20)
-    with pytest.raises(ValueError, match=r"ring_bytes must be a positive byte count such as 8388608, \"8M\""):
-        pinstage.configure(ring_bytes="16Q")
-    with pytest.raises(ValueError, match=r"on_full must be \"overflow\", \"wait\" or \"error\", got \"never\""):
-        pinstage.configure(on_full="never")
+    before = pinstage.stats()["ring_bytes"] or 8 << 20
+    try:
+        pinstage.configure(ring_bytes=4096)
+        pinstage.configure(ring_bytes=8 << 20)
+        with pytest.raises(TypeError, match=r"ring_bytes must be an int \(bytes\), got str '16MB'; pass the int "
+                                            r"16777216 \(.*PINSTAGE_RING_BYTES"):
+            pinstage.configure(ring_bytes="16MB")
+        with pytest.raises(TypeError, match=r"ring_bytes must be an int \(bytes\), got str '16Q' \("):
+            pinstage.configure(ring_bytes="16Q")
+        with pytest.raises(TypeError, match=r"ring_bytes must be an int \(bytes\), got float"):
+            pinstage.configure(ring_bytes=16e6)
+        for small in (100, 4095):
+            with pytest.raises(ValueError, match=r"ring_bytes must be at least 4096 bytes \(one page\), got %d$"
+                                                 % small):
+                pinstage.configure(ring_bytes=small)
+        with pytest.raises(ValueError, match=r"on_full must be \"overflow\", \"wait\" or \"error\", got \"never\""):
+            pinstage.configure(on_full="never")
+    finally:
+        pinstage.configure(ring_bytes=before)
+
+
+@pytest.mark.parametrize("value, ok", [("16M", True), ("4K", True), ("100", False), ("2K", False)])
+def test_ring_bytes_from_the_environment_is_at_least_one_page(value, ok):
+    env = dict(os.environ, PINSTAGE_RING_BYTES=value, PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, "-c", "import pinstage; pinstage.configure(on_full='overflow')"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    if ok:
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    else:
+        assert "ValueError: pinstage: PINSTAGE_RING_BYTES must be at least 4096 bytes (one page)" in proc.stderr, (
+            proc.stderr[-2000:])
 
 
 @pytest.mark.parametrize(
