@@ -436,7 +436,9 @@ def test_memoryview_with_explicit_byte_order_raises_as_torch(device, ctype):
 def test_static_inputs_under_fake_tensor_mode(device):
     """A StaticInputs (and the builders' batch_static_inputs) made and staged under FakeTensorMode is
     real memory holding the fills and the values, as stage_to_device's results are there. Its fill
-    was once a FakeTensor whose null data pointer the constructor copied from (a segfault)."""
+    was once a FakeTensor whose null data pointer the constructor copied from (a segfault). The
+    child uses CUDA first inside the mode, where torch's lazy CUDA initialisation does nothing
+    unless pinstage sets the mode aside for it."""
     child(
         """
         from torch._subclasses import FakeTensorMode
