@@ -171,12 +171,13 @@ def stats(device: Device = None) -> Stats:
     return _C.stats(device)
 
 
-def configure(*, ring_bytes: Union[int, str, None] = None, on_full: Optional[str] = None,
+def configure(*, ring_bytes: Optional[int] = None, on_full: Optional[str] = None,
               device: Device = None) -> None:
     """Ring size and what to do when a ring is full, for one device or (device=None) every device
     and the rings made later.
 
-    ring_bytes: an int or a byte count such as "16M" (as PINSTAGE_RING_BYTES takes); default 8 MiB.
+    ring_bytes: an int, at least 4096 (one page; ValueError below it, TypeError for a str: the
+    environment variable PINSTAGE_RING_BYTES takes "16M", configure takes 16 << 20); default 8 MiB.
     on_full: "overflow" (serve from a pinned overflow block, never wait: the default), "wait" (wait
     for the oldest copy; where the oldest region is still being written or read, which waiting
     could never end, an overflow block serves instead) or "error" (raise RingFullError). Resizing retires the old ring memory,

@@ -7,15 +7,28 @@ import torch
 from . import _C
 from ._api import Device
 
+# A Python dispatch mode (FakeTensorMode) must not see the fills: the core reads their bytes.
+_PYTHON_DISPATCH = (torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
+                    | torch._C.DispatchKeySet(torch._C.DispatchKey.PythonTLSSnapshot))
+_INT64_MAX = 2**63 - 1
 
 
-class Field(NamedTuple):
-    """One static input: its dtype, the shape of one row, and the value of the rows a stage leaves
-    unused (rows n..max_bs: the padding a graph's batch bucket reads)."""
-
+class _FieldTuple(NamedTuple):
     dtype: torch.dtype
     shape: Tuple[int, ...] = ()
     fill: Union[int, float, bool] = 0
+
+
+class Field(_FieldTuple):
+    """One static input: its dtype, the shape of one row, and the value of the rows a stage leaves
+    unused (rows n..max_bs: the padding a graph's batch bucket reads). A dtype that is not a torch
+    dtype pinstage stages raises TypeError here (np.int64: "use torch.int64")."""
+
+    __slots__ = ()
+
+    def __new__(cls, dtype: torch.dtype, shape: Tuple[int, ...] = (), fill: Union[int, float, bool] = 0) -> "Field":
+        _C._check_dtype(dtype, "Field dtype")
+        return super().__new__(cls, dtype, shape, fill)
 
 
 class StaticInputs:
@@ -29,6 +42,9 @@ class StaticInputs:
         inputs.stage({"input_ids": ids, "temperatures": temps}, n=len(ids))   # then graph.replay()
 
     Every row holds its field's fill from construction on (one copy on the device's current stream).
+    device: as for stage_to_device (None: the current CUDA device, else the CPU); torch's default
+    device (torch.set_default_device, `with torch.device(...)`) does not choose it. The allocation is
+    real memory under a Python dispatch mode too (FakeTensorMode), as stage_to_device's results are.
     On the CPU (no CUDA) the views are ordinary CPU tensors that stage() writes directly.
     One StaticInputs is one set of graph inputs: stage it from one thread at a time.
     """
@@ -41,6 +57,8 @@ class StaticInputs:
                             % type(fields).__name__)
         specs = [_field_spec(name, field) for name, field in fields.items()]
         self._max_bs = operator.index(max_bs)
+        if not 0 < self._max_bs <= _INT64_MAX:
+            raise ValueError("pinstage.StaticInputs: max_bs must be between 1 and 2**63 - 1, got %d" % self._max_bs)
         self._core = _C.StaticInputs(specs, self._max_bs, device)
         self._views: Dict[str, torch.Tensor] = dict(zip(fields, self._core.views()))
         self._names = tuple(self._views)
@@ -82,22 +100,31 @@ class StaticInputs:
 
 def _field_spec(name, field):
     """(name, dtype, row shape, fill as a 0-d CPU tensor): the fill converted by torch's own rules
-    (as tensor.fill_ converts it), so a value the dtype cannot hold raises here, naming the field."""
+    (as tensor.fill_ converts it), so a value the dtype cannot hold raises here, naming the field.
+    The fill is a real CPU tensor whatever the default device or dispatch mode: the core reads its
+    bytes."""
     if not isinstance(name, str):
         raise TypeError("pinstage.StaticInputs: field names must be str, got %s" % type(name).__name__)
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("pinstage.StaticInputs: field name %r is not valid text (it holds a lone surrogate)"
+                         % name) from None
     if not isinstance(field, Field):
         raise TypeError("pinstage.StaticInputs: field '%s' must be a pinstage.Field, got %s"
                         % (name, type(field).__name__))
-    if not isinstance(field.dtype, torch.dtype):
-        raise TypeError("pinstage.StaticInputs: field '%s': dtype must be a torch.dtype, got %s"
-                        % (name, type(field.dtype).__name__))
+    _C._check_dtype(field.dtype, "field '%s' dtype" % name)  # again: Field._replace skips Field()
     try:
         shape = tuple(operator.index(s) for s in field.shape)
     except TypeError:
         raise TypeError("pinstage.StaticInputs: field '%s': shape must be a tuple of ints, got %r"
                         % (name, field.shape)) from None
+    if any(not 0 <= s <= _INT64_MAX for s in shape):
+        raise ValueError("pinstage.StaticInputs: field '%s': shape %r: each dimension must be between 0 and "
+                         "2**63 - 1" % (name, shape))
     try:
-        fill = torch.full((), field.fill, dtype=field.dtype)
+        with torch._C._ExcludeDispatchKeyGuard(_PYTHON_DISPATCH):
+            fill = torch.full((), field.fill, dtype=field.dtype, device="cpu")
     except (RuntimeError, TypeError, ValueError) as exc:
         raise type(exc)("pinstage.StaticInputs: field '%s': fill %r: %s" % (name, field.fill, exc)) from None
     return name, field.dtype, shape, fill

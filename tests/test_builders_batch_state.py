@@ -197,6 +197,23 @@ def test_top_k_minus_one_set_after_construction_is_refused_by_both_shapes():
         build_sampling_batch([params], device="cpu")
 
 
+def test_top_k_beyond_int32_is_refused_as_the_list_builder_refuses_it():
+    """top_ks is an int32 column: 2**31 raised a bare numpy OverflowError naming no field, after
+    part of the row was written. Now the list builder's (torch.tensor's) RuntimeError, naming the
+    field, the value and the dtype; the state is unchanged."""
+    params = SamplingParams(top_k=2**31)
+    state = BatchState()
+    state.add(Request([5], [6]))
+    with pytest.raises(RuntimeError, match=r"BatchState.add: sampling_params.top_k = 2147483648 cannot be "
+                                           r"converted to torch.int32: value cannot be converted to type int32"):
+        state.add(Request([1], sampling_params=params))
+    with pytest.raises(RuntimeError, match=r"request 0: top_k = 2147483648 cannot be converted to torch.int32"):
+        build_sampling_batch([params], device="cpu")
+    assert len(state) == 1 and state.sampling_batch(device="cpu").top_ks.tolist() == [SamplingParams().top_k]
+    state.add(Request([1], sampling_params=SamplingParams(top_k=2**31 - 1)))
+    assert state.sampling_batch(device="cpu").top_ks.tolist()[1] == 2**31 - 1
+
+
 def test_filter_and_append_tokens_check_their_arguments():
     state = BatchState()
     for i in range(3):

@@ -5,11 +5,13 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
 import pinstage
 from pinstage.builders import Request, SamplingParams, build_decode_inputs, build_sampling_batch
+from test_memory_safety import ROOT
 
 
 def test_a_bad_seed_names_the_request_and_the_field():
@@ -51,15 +53,66 @@ def test_sampling_params_check_types_at_construction():
         SamplingParams(repetition_penalty=0)
 
 
-def test_configure_takes_the_forms_the_environment_takes():
+def test_configure_takes_an_int_of_at_least_one_page():
+    """ring_bytes="16MB" and ring_bytes=100 were once taken without a word. A str is refused
+    (naming the int it would mean: the environment variable takes "16M", configure an int), and a
+    ring below one page too."""
     with pytest.raises(TypeError, match="unexpected keyword argument 'ringbytes'"):
         pinstage.configure(ringbytes=1)
-    pinstage.configure(ring_bytes="16M")
-    pinstage.configure(ring_bytes=8 << 20)
-    with pytest.raises(ValueError, match=r"ring_bytes must be a positive byte count such as 8388608, \"8M\""):
-        pinstage.configure(ring_bytes="16Q")
-    with pytest.raises(ValueError, match=r"on_full must be \"overflow\", \"wait\" or \"error\", got \"never\""):
-        pinstage.configure(on_full="never")
+    before = pinstage.stats()["ring_bytes"] or 8 << 20
+    try:
+        pinstage.configure(ring_bytes=4096)
+        pinstage.configure(ring_bytes=8 << 20)
+        with pytest.raises(TypeError, match=r"ring_bytes must be an int \(bytes\), got str '16MB'; pass the int "
+                                            r"16777216 \(.*PINSTAGE_RING_BYTES"):
+            pinstage.configure(ring_bytes="16MB")
+        with pytest.raises(TypeError, match=r"ring_bytes must be an int \(bytes\), got str '16Q' \("):
+            pinstage.configure(ring_bytes="16Q")
+        with pytest.raises(TypeError, match=r"ring_bytes must be an int \(bytes\), got float"):
+            pinstage.configure(ring_bytes=16e6)
+        for small in (100, 4095):
+            with pytest.raises(ValueError, match=r"ring_bytes must be at least 4096 bytes \(one page\), got %d$"
+                                                 % small):
+                pinstage.configure(ring_bytes=small)
+        with pytest.raises(ValueError, match=r"on_full must be \"overflow\", \"wait\" or \"error\", got \"never\""):
+            pinstage.configure(on_full="never")
+    finally:
+        pinstage.configure(ring_bytes=before)
+
+
+@pytest.mark.parametrize("value, ok", [("16M", True), ("4K", True), ("100", False), ("2K", False)])
+def test_ring_bytes_from_the_environment_is_at_least_one_page(value, ok):
+    env = dict(os.environ, PINSTAGE_RING_BYTES=value, PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, "-c", "import pinstage; pinstage.configure(on_full='overflow')"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    if ok:
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    else:
+        assert "ValueError: pinstage: PINSTAGE_RING_BYTES must be at least 4096 bytes (one page)" in proc.stderr, (
+            proc.stderr[-2000:])
+
+
+@pytest.mark.parametrize(
+    "dtype, said",
+    [
+        (np.int64, r"got numpy.int64 \(a numpy type\); use torch.int64"),
+        (np.float32, r"got numpy.float32 \(a numpy type\); use torch.float32"),
+        (np.bool_, r"got numpy.bool \(a numpy type\); use torch.bool"),
+        (np.dtype("uint16"), r"got numpy.dtype\('uint16'\) \(a numpy dtype\); use torch.uint16"),
+        (np.str_, r"got numpy.str_ \(a numpy type\); it has no torch dtype"),
+        (int, r"got the type int$"),
+        ("int64", r"got str$"),
+    ],
+    ids=["np.int64", "np.float32", "np.bool_", "np.dtype", "np.str_", "int", "str"],
+)
+def test_a_dtype_that_is_not_a_torch_dtype_is_named_with_its_torch_counterpart(dtype, said):
+    """np.int64 was "got type": now what it is and the torch dtype to use, for every entry point."""
+    with pytest.raises(TypeError, match=r"pinstage: dtype must be a torch.dtype, " + said):
+        pinstage.stage_to_device([1], dtype)
+    with pytest.raises(TypeError, match=r"item 1: pinstage: dtype must be a torch.dtype, " + said):
+        pinstage.stage_many([([1], torch.int64), ([1], dtype)])
+    with pytest.raises(TypeError, match=r"pinstage: Field dtype must be a torch.dtype, " + said):
+        pinstage.Field(dtype)  # at construction, not when a StaticInputs is built from it
 
 
 def test_ring_full_error_is_a_runtime_error_engines_can_catch():

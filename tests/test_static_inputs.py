@@ -305,6 +305,76 @@ def test_field_declarations_are_checked():
         StaticInputs({}, max_bs=4, device="cpu")
 
 
+def test_declarations_out_of_range_or_not_text_name_the_problem():
+    """These once came back as pybind11's "incompatible constructor arguments" or "Unable to cast
+    ... to C++ type '?'"."""
+    with pytest.raises(ValueError, match=r"max_bs must be between 1 and 2\*\*63 - 1, got 9223372036854775808"):
+        StaticInputs({"x": Field(torch.int64)}, max_bs=2**63, device="cpu")
+    with pytest.raises(ValueError, match=r"field 'x': shape \(2, 9223372036854775808\): each dimension must be"):
+        StaticInputs({"x": Field(torch.int64, (2, 2**63))}, max_bs=4, device="cpu")
+    with pytest.raises(ValueError, match=r"field name 'a\\ud800' is not valid text"):
+        StaticInputs({"a\ud800": Field(torch.int64)}, max_bs=4, device="cpu")
+    with pytest.raises(RuntimeError, match="more than 2\\*\\*63 bytes|Storage size calculation overflowed"):
+        StaticInputs({"x": Field(torch.int64, (2**61,))}, max_bs=4, device="cpu")
+
+
+def test_field_refuses_a_dtype_at_construction():
+    """Field(np.int64) was accepted until a StaticInputs was built from it."""
+    with pytest.raises(TypeError, match=r"Field dtype must be a torch.dtype, got numpy.int64 \(a numpy type\); "
+                                        r"use torch.int64"):
+        Field(np.int64)
+    with pytest.raises(TypeError, match="unsupported dtype torch.complex64"):
+        Field(torch.complex64, fill=0)
+    with pytest.raises(TypeError, match=r"field 'x' dtype must be a torch.dtype"):
+        StaticInputs({"x": Field(torch.int64)._replace(dtype=np.int64)}, max_bs=4, device="cpu")
+
+
+class default_device:
+    """torch's default device set to `device` by `with torch.device(...)` or set_default_device."""
+
+    def __init__(self, device, how):
+        self.device, self.how = device, how
+
+    def __enter__(self):
+        if self.how == "with":
+            self.context = torch.device(self.device)
+            self.context.__enter__()
+        else:
+            torch.set_default_device(self.device)
+
+    def __exit__(self, *exc):
+        if self.how == "with":
+            self.context.__exit__(*exc)
+        else:
+            torch.set_default_device(None)
+
+
+@pytest.mark.parametrize("how", ["with", "set_default_device"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_default_device_chooses_neither_the_fills_nor_the_device(device, how):
+    """SGLang allocates its graph inputs inside `with torch.device(device):`, where fill=5 once
+    raised "fill must be one CPU value of its dtype" (the fill was made on the default device). The
+    fills are host values whatever the default device; the inputs' device is stage_to_device's rule
+    (None: the current CUDA device). On the CPU, "meta" stands in for a device that is not the CPU."""
+    from pinstage.builders import batch_static_inputs
+
+    fields = {"a": Field(torch.int64, fill=5), "b": Field(torch.bool, (2,), fill=True),
+              "c": Field(torch.bfloat16, fill=-2.5)}
+    default = "meta" if device == "cpu" else "cuda"
+    arg = "cpu" if device == "cpu" else None
+    with default_device(default, how):
+        inputs = StaticInputs(fields, max_bs=3, device=arg)
+        batch = batch_static_inputs(2, device=arg)
+        inputs.stage({"a": [1], "b": [[False, True]], "c": np.array([1.5], np.float32)}, 1)
+    want = torch.device("cpu") if device == "cpu" else torch.device("cuda", torch.cuda.current_device())
+    assert inputs.device == want and inputs["a"].device == want and batch["seq_lens"].device == want
+    sync(device)
+    assert inputs["a"].cpu().tolist() == [1, 5, 5]
+    assert inputs["b"].cpu().tolist() == [[False, True], [True, True], [True, True]]
+    assert inputs["c"].cpu().tolist() == [1.5, -2.5, -2.5]
+    assert batch["seq_lens"].cpu().tolist() == [1, 1] and batch["top_ps"].cpu().tolist() == [1.0, 1.0]
+
+
 def test_cpu_inputs_take_no_stream():
     inputs, _ = make("cpu")
     with pytest.raises(ValueError, match="stream"):

@@ -39,20 +39,25 @@ py::dict stats(py::handle device_arg) {
   return out;
 }
 
-// ring_bytes: a positive int or a byte-count string ("16M"), the forms PINSTAGE_RING_BYTES takes.
+// ring_bytes: an int, at least kMinRingBytes (configure_rings checks that). A string is refused,
+// naming the int it would mean: PINSTAGE_RING_BYTES takes "16M", the Python API takes 16 << 20.
 std::optional<size_t> ring_bytes_arg(py::handle value) {
   if (value.is_none()) return std::nullopt;
   if (PyUnicode_Check(value.ptr())) {
-    const char* text = PyUnicode_AsUTF8(value.ptr());
-    if (text == nullptr) {
-      PyErr_Clear();
-      TORCH_CHECK_VALUE(false, "pinstage.configure: ring_bytes must be an int or a byte count such as \"16M\"");
+    std::string hint;
+    if (const char* text = PyUnicode_AsUTF8(value.ptr())) {
+      try {
+        hint = "; pass the int " + std::to_string(parse_byte_count(text, "ring_bytes"));
+      } catch (const c10::Error&) {
+      }
     }
-    return parse_byte_count(text, "ring_bytes");
+    PyErr_Clear();
+    TORCH_CHECK_TYPE(false, "pinstage.configure: ring_bytes must be an int (bytes), got str ",
+                     py::repr(value).cast<std::string>(), hint,
+                     " (the environment variable PINSTAGE_RING_BYTES takes byte counts such as \"16M\")");
   }
   TORCH_CHECK_TYPE(PyLong_Check(value.ptr()) && !PyBool_Check(value.ptr()),
-                   "pinstage.configure: ring_bytes must be an int or a byte count such as \"16M\", got ",
-                   Py_TYPE(value.ptr())->tp_name);
+                   "pinstage.configure: ring_bytes must be an int (bytes), got ", Py_TYPE(value.ptr())->tp_name);
   int overflow = 0;
   const long long n = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
   if (n == -1 && PyErr_Occurred()) throw py::error_already_set();
@@ -209,6 +214,9 @@ PYBIND11_MODULE(_C, m) {
       .def("views", &StaticInputs::views)
       .def_property_readonly("device", &StaticInputs::device);
 
+  m.def("_check_dtype", [](py::handle dtype, const std::string& what) {
+    translate_errors([&] { parse_dtype(dtype.ptr(), what.c_str()); });
+  });
   m.def("_set_fallback", [](py::handle fn) { set_fallback(fn.ptr()); });
   m.def("_register_buffer_types", [](py::handle ndarray, py::handle generic, py::handle array) {
     register_buffer_types(ndarray.ptr(), generic.ptr(), array.ptr());

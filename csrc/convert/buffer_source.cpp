@@ -2,7 +2,6 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/from_blob.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <cstring>
 #include <type_traits>
@@ -11,6 +10,7 @@
 
 #include "convert/dtypes.h"
 #include "convert/scalar_store.h"
+#include "convert/tensor_memory.h"
 
 namespace pinstage {
 namespace {
@@ -244,8 +244,7 @@ bool BufferSource::write(c10::ScalarType dtype, void* dst) const {
   if (kind_ == Kind::kNumpyArray) {
     // torch.tensor(array, dtype=...) is torch.from_numpy(array).to(dtype): torch's own copy kernel
     // for the cast (and the gather of a strided array). Python dispatch modes are kept out of it.
-    c10::impl::ExcludeDispatchKeyGuard no_python(c10::DispatchKeySet(
-        {c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+    const NoPythonDispatch no_python;
     const at::Tensor src = at::from_blob(const_cast<void*>(data_), shape_, element_strides_,
                                          at::TensorOptions().dtype(element_type_));
     at::from_blob(dst, shape_, at::TensorOptions().dtype(dtype)).copy_(src);

@@ -3,7 +3,6 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
 
@@ -16,11 +15,6 @@
 
 namespace pinstage {
 namespace {
-
-// Python dispatch modes (FakeTensorMode, a TorchDispatchMode) must not see pinstage's own
-// allocations and copies: a mode would hand back a tensor without real memory to write through.
-using NoPythonDispatch = c10::impl::ExcludeDispatchKeyGuard;
-const c10::DispatchKeySet kPythonDispatch({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot});
 
 // Never released: it must outlive every call, and decref'ing it during interpreter teardown
 // (static destructors run after Python finalises) would crash.
@@ -44,7 +38,7 @@ at::Tensor call_fallback(PyObject* data, c10::ScalarType dtype) {
                    "effect); pinstage stages only values held in memory");
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == dtype,
               "pinstage: the fallback converter returned a tensor of the wrong device or dtype");
-  NoPythonDispatch no_python(kPythonDispatch);
+  NoPythonDispatch no_python;
   return t.contiguous();
 }
 
@@ -66,6 +60,15 @@ void write_fallback(ItemPlan& plan, void* dst) {
   if (plan.nbytes > 0) std::memcpy(dst, plan.tensor.data_ptr(), plan.nbytes);
 }
 
+// A bool tensor or buffer staged as bool is copied byte for byte, which keeps bytes other than 0
+// and 1 (uint8 memory viewed as bool); torch's copy kernel reads any nonzero byte as true (1).
+// Only bool items pay for the pass.
+void normalize_bools(const ItemPlan& plan, void* dst) {
+  if (plan.dtype != c10::ScalarType::Bool) return;
+  auto* bytes = static_cast<uint8_t*>(dst);
+  for (size_t i = 0; i < plan.nbytes; ++i) bytes[i] = bytes[i] != 0;
+}
+
 // torch.tensor(t, dtype=...) is t.detach().to(dtype, copy=True): torch's copy kernel, which also
 // gathers a strided tensor and resolves the conj and neg bits. The tensor (storage included) is
 // checked again first: Python code may have run since it was planned and resized or swapped it.
@@ -77,9 +80,10 @@ void write_tensor(const ItemPlan& plan, void* dst) {
   if (plan.nbytes == 0) return;
   if (t.scalar_type() == plan.dtype && t.is_contiguous() && !t.is_neg() && !t.is_conj()) {
     std::memcpy(dst, t.const_data_ptr(), plan.nbytes);
+    normalize_bools(plan, dst);
     return;
   }
-  NoPythonDispatch no_python(kPythonDispatch);
+  NoPythonDispatch no_python;
   at::AutoDispatchBelowAutograd no_autograd;
   at::from_blob(dst, plan.shape, at::TensorOptions().dtype(plan.dtype)).copy_(t);
 }
@@ -104,6 +108,47 @@ bool tensor_is_copyable(const at::Tensor& t) {
   return has_real_memory(t);
 }
 
+// A module already imported, or null: numpy's values cannot reach pinstage unless numpy was imported.
+THPObjectPtr imported_module(const char* name) {
+  THPObjectPtr text(PyUnicode_FromString(name));
+  return THPObjectPtr(text ? PyImport_GetModule(text.get()) : nullptr);
+}
+
+// What a dtype argument that is not a torch.dtype is, for the error; a numpy dtype or scalar type
+// (np.int64, np.dtype("int64")) is named with the torch dtype of the same name. Runs numpy's Python
+// code, on this error path only.
+std::string describe_non_dtype(PyObject* obj) {
+  if (obj == nullptr) return "nothing";
+  const bool is_type = PyType_Check(obj);
+  const std::string text = is_type ? std::string("the type ") + reinterpret_cast<PyTypeObject*>(obj)->tp_name
+                                   : std::string(Py_TYPE(obj)->tp_name);
+  THPObjectPtr numpy = imported_module("numpy");
+  THPObjectPtr generic(numpy ? PyObject_GetAttrString(numpy.get(), "generic") : nullptr);
+  THPObjectPtr numpy_dtype(numpy ? PyObject_GetAttrString(numpy.get(), "dtype") : nullptr);
+  const auto subtype = [](PyObject* cls, PyObject* base) {
+    return cls != nullptr && base != nullptr && PyType_Check(cls) && PyType_Check(base) &&
+           PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(cls), reinterpret_cast<PyTypeObject*>(base));
+  };
+  const bool numpy_type = is_type && subtype(obj, generic.get());
+  const bool numpy_instance = subtype(reinterpret_cast<PyObject*>(Py_TYPE(obj)), numpy_dtype.get());
+  THPObjectPtr as_dtype(numpy_type || numpy_instance ? PyObject_CallOneArg(numpy_dtype.get(), obj) : nullptr);
+  THPObjectPtr name(as_dtype ? PyObject_GetAttrString(as_dtype.get(), "name") : nullptr);
+  THPObjectPtr repr(numpy_instance ? PyObject_Repr(obj) : nullptr);
+  const char* name_text = name && PyUnicode_Check(name.get()) ? PyUnicode_AsUTF8(name.get()) : nullptr;
+  const char* repr_text = repr ? PyUnicode_AsUTF8(repr.get()) : nullptr;
+  if (name_text == nullptr || (numpy_instance && repr_text == nullptr)) {
+    PyErr_Clear();
+    return text;
+  }
+  const std::string what = numpy_type ? std::string(reinterpret_cast<PyTypeObject*>(obj)->tp_name) + " (a numpy type)"
+                                      : std::string("numpy.") + repr_text + " (a numpy dtype)";
+  THPObjectPtr torch_module = imported_module("torch");
+  THPObjectPtr counterpart(torch_module ? PyObject_GetAttrString(torch_module.get(), name_text) : nullptr);
+  PyErr_Clear();
+  if (counterpart && THPDtype_Check(counterpart.get())) return what + "; use torch." + name_text;
+  return what + "; it has no torch dtype";
+}
+
 }  // namespace
 
 size_t checked_nbytes(c10::IntArrayRef shape, c10::ScalarType dtype, int64_t* numel) {
@@ -115,7 +160,7 @@ size_t checked_nbytes(c10::IntArrayRef shape, c10::ScalarType dtype, int64_t* nu
 
 c10::ScalarType parse_dtype(PyObject* dtype, const char* what) {
   TORCH_CHECK_TYPE(dtype != nullptr && THPDtype_Check(dtype), "pinstage: ", what, " must be a torch.dtype, got ",
-                   dtype == nullptr ? "nothing" : Py_TYPE(dtype)->tp_name);
+                   describe_non_dtype(dtype));
   const c10::ScalarType t = reinterpret_cast<THPDtype*>(dtype)->scalar_type;
   TORCH_CHECK_TYPE(is_supported_dtype(t), "pinstage: unsupported dtype ", dtype_name(t),
                    "; supported: torch.bool, uint8, int8, int16, int32, int64, uint16, uint32, uint64, "
@@ -176,7 +221,7 @@ void write_item(ItemPlan& plan, void* dst) {
       break;
     case Source::kBuffer:
       if (!plan.buffer.unchanged(plan.data)) data_changed(plan, plan.buffer.shape());
-      if (plan.buffer.write(plan.dtype, dst)) return;
+      if (plan.buffer.write(plan.dtype, dst)) return normalize_bools(plan, dst);
       break;
     case Source::kTensor:
       write_tensor(plan, dst);
@@ -192,14 +237,15 @@ void write_item(ItemPlan& plan, void* dst) {
 
 void write_fresh_item(ItemPlan& plan, void* dst) {
   if (plan.source != ItemPlan::Source::kBuffer) return write_item(plan, dst);
-  if (!plan.buffer.write(plan.dtype, dst)) write_fallback(plan, dst);
+  if (!plan.buffer.write(plan.dtype, dst)) return write_fallback(plan, dst);
+  normalize_bools(plan, dst);
 }
 
 at::Tensor cpu_values(ItemPlan& plan) {
   if (plan.source == ItemPlan::Source::kHeld) return plan.tensor;
   at::Tensor out;
   {
-    NoPythonDispatch no_python(kPythonDispatch);
+    NoPythonDispatch no_python;
     out = at::empty(plan.shape, at::TensorOptions().dtype(plan.dtype));
   }
   write_item(plan, out.data_ptr());

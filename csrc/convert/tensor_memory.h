@@ -6,8 +6,17 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 
 namespace pinstage {
+
+// Held while pinstage allocates or copies its own tensors: a Python dispatch mode (FakeTensorMode,
+// a TorchDispatchMode) must not see them, or it would hand back a tensor without real memory to
+// write through.
+struct NoPythonDispatch : c10::impl::ExcludeDispatchKeyGuard {
+  NoPythonDispatch()
+      : ExcludeDispatchKeyGuard(c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot})) {}
+};
 
 // Dispatch keys whose kernels, not the storage, say what a tensor holds.
 inline bool has_value_dispatch_key(const at::Tensor& t) {

@@ -1,10 +1,13 @@
 #include "copy/target.h"
 
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Stream.h>
 #include <torch/csrc/utils/device_lazy_init.h>
 
 #include <atomic>
+#include <memory>
+#include <optional>
 #include <string>
 
 
@@ -19,12 +22,31 @@ namespace {
 
 std::atomic<bool> g_cuda_initialized{false};
 
+// FakeTensorMode set aside for a scope, as torch's unset_fake_temporarily() does: torch's lazy CUDA
+// initialisation does nothing under it (fake CUDA tensors need none), but pinstage allocates real
+// device memory even there.
+class FakeModeSetAside {
+ public:
+  FakeModeSetAside() : mode_(c10::impl::TorchDispatchModeTLS::unset_mode(c10::impl::TorchDispatchModeKey::FAKE)) {}
+  ~FakeModeSetAside() {
+    if (mode_) c10::impl::TorchDispatchModeTLS::set_mode(*mode_, c10::impl::TorchDispatchModeKey::FAKE);
+  }
+  FakeModeSetAside(const FakeModeSetAside&) = delete;
+  FakeModeSetAside& operator=(const FakeModeSetAside&) = delete;
+
+ private:
+  std::optional<std::shared_ptr<c10::impl::PyObject_TorchDispatchMode>> mode_;
+};
+
 // torch's own lazy CUDA initialisation (torch.cuda._lazy_init: the caching allocator needs it done),
 // which also refuses a child forked after its parent used CUDA ("Cannot re-initialize CUDA in forked
 // subprocess"): torch's fork handler marks the child, so the fast path below is skipped there.
 [[maybe_unused]] void ensure_cuda_initialized() {
   if (g_cuda_initialized.load(std::memory_order_acquire) && !torch::utils::is_device_in_bad_fork(at::kCUDA)) return;
-  torch::utils::device_lazy_init(at::kCUDA);
+  {
+    const FakeModeSetAside no_fake_mode;
+    torch::utils::device_lazy_init(at::kCUDA);
+  }
   g_cuda_initialized.store(true, std::memory_order_release);
 }
 

@@ -46,10 +46,17 @@ size_t parse_byte_count(const std::string& text, const char* what) {
   return static_cast<size_t>(n << shift);
 }
 
+void check_ring_bytes(size_t bytes, const char* what) {
+  TORCH_CHECK_VALUE(bytes >= kMinRingBytes, "pinstage: ", what, " must be at least ", kMinRingBytes,
+                    " bytes (one page), got ", bytes);
+}
+
 size_t ring_bytes_from_env() {
   const char* env = std::getenv("PINSTAGE_RING_BYTES");
   if (env == nullptr || *env == '\0') return kDefaultRingBytes;
-  return parse_byte_count(env, "PINSTAGE_RING_BYTES");
+  const size_t bytes = parse_byte_count(env, "PINSTAGE_RING_BYTES");
+  check_ring_bytes(bytes, "PINSTAGE_RING_BYTES");
+  return bytes;
 }
 
 }  // namespace pinstage

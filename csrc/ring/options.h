@@ -20,6 +20,9 @@ enum class OnFull {
 };
 
 constexpr size_t kDefaultRingBytes = size_t{8} << 20;
+// The smallest ring: one page (pinned memory is allocated in pages; a smaller ring would only send
+// more copies to overflow blocks). configure() and PINSTAGE_RING_BYTES refuse less (ValueError).
+constexpr size_t kMinRingBytes = 4096;
 
 // Ring regions and the items of one stage_many start at this alignment: enough for any element
 // type and for 16-byte vector loads of the staged data on the device.
@@ -34,6 +37,9 @@ const char* on_full_name(OnFull f);
 // A byte count: digits with an optional K, M or G suffix (and an optional trailing B or iB), > 0;
 // ValueError naming `what` otherwise. The one parser for PINSTAGE_RING_BYTES and configure().
 size_t parse_byte_count(const std::string& text, const char* what);
+
+// ValueError naming `what` and the value when bytes < kMinRingBytes.
+void check_ring_bytes(size_t bytes, const char* what);
 
 // PINSTAGE_RING_BYTES, else kDefaultRingBytes.
 size_t ring_bytes_from_env();

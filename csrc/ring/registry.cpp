@@ -82,7 +82,7 @@ StagingRing& ring_for(c10::DeviceIndex device, Direction direction) {
 
 void configure_rings(std::optional<size_t> ring_bytes, std::optional<OnFull> on_full,
                      std::optional<c10::DeviceIndex> device) {
-  TORCH_CHECK_VALUE(!ring_bytes || *ring_bytes > 0, "pinstage: ring_bytes must be positive");
+  if (ring_bytes) check_ring_bytes(*ring_bytes, "ring_bytes");
   if (!device) {
     Registry& r = registry();
     std::lock_guard<std::mutex> lock(r.mu);

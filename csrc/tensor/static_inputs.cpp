@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "convert/tensor_memory.h"
 #include "ring/options.h"
 #include "ring/registry.h"
 #include "python/error_prefix.h"
@@ -81,9 +82,11 @@ StaticInputs::StaticInputs(const std::vector<StaticFieldSpec>& specs, int64_t ma
       TORCH_CHECK_VALUE(s >= 0, "pinstage.StaticInputs: ", f.label(), " has a negative dimension in its shape ",
                         c10::IntArrayRef(spec.row_shape));
     }
-    TORCH_CHECK(spec.fill.defined() && spec.fill.device().is_cpu() && spec.fill.scalar_type() == spec.dtype &&
-                    spec.fill.numel() == 1,
-                "pinstage.StaticInputs: ", f.label(), ": fill must be one CPU value of its dtype");
+    // Its bytes are read below: a fill made under a dispatch mode (a FakeTensor) has none.
+    const at::Tensor& fill = spec.fill;
+    TORCH_CHECK_TYPE(has_real_memory(fill) && fill.device().is_cpu() && fill.scalar_type() == spec.dtype &&
+                         fill.numel() == 1,
+                     "pinstage.StaticInputs: ", f.label(), ": fill must be one CPU value of its dtype held in memory");
     f.row_bytes = checked_nbytes(spec.row_shape, spec.dtype, &f.row_numel);
     std::vector<int64_t> shape{max_bs};
     shape.insert(shape.end(), spec.row_shape.begin(), spec.row_shape.end());
@@ -108,14 +111,19 @@ StaticInputs::StaticInputs(const std::vector<StaticFieldSpec>& specs, int64_t ma
     check_not_capturing(*allocation_stream_, "StaticInputs");  // before a graph's pool gets the allocation
   }
 #endif
-  buffer_ = at::empty({static_cast<int64_t>(end)}, at::TensorOptions().dtype(c10::kByte).device(device_));
-  data_ = buffer_.storage().data();
-  for (size_t i = 0; i < fields_.size(); ++i) {
-    const Field& f = fields_[i];
-    views_.push_back(buffer_.narrow(0, static_cast<int64_t>(f.offset), static_cast<int64_t>(max_bs * f.row_bytes))
-                         .view(f.dtype)
-                         .view(shapes[i]));
+  {
+    // Real memory under FakeTensorMode too, as stage_to_device's results: the views are what a
+    // graph captures and what stage() writes.
+    const NoPythonDispatch no_python;
+    buffer_ = at::empty({static_cast<int64_t>(end)}, at::TensorOptions().dtype(c10::kByte).device(device_));
+    for (size_t i = 0; i < fields_.size(); ++i) {
+      const Field& f = fields_[i];
+      views_.push_back(buffer_.narrow(0, static_cast<int64_t>(f.offset), static_cast<int64_t>(max_bs * f.row_bytes))
+                           .view(f.dtype)
+                           .view(shapes[i]));
+    }
   }
+  data_ = buffer_.storage().data();
   // Every row at its fill, by the path a stage takes.
   FieldValues no_values;
   if (device_.is_cpu()) {

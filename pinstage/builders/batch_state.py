@@ -103,6 +103,7 @@ class BatchState:
         row = _checked_int("BatchState.add", "req_pool_idx", pool_row("BatchState.add", request), 0, _INT64[1])
         params = request.sampling_params
         check_sampling_fields(params, "BatchState.add: sampling_params")
+        _check_fits_column("top_k", params.top_k, "top_ks")
         penalties = penalty_row(params)
         slot = self._size
         self._reserve(slot + 1)
@@ -311,6 +312,16 @@ class BatchState:
             grown = np.zeros((capacity,) + col.shape[1:], col.dtype)
             grown[: self._size] = col[: self._size]
             self._cols[name] = grown
+
+
+def _check_fits_column(field: str, value: int, column: str) -> None:
+    """RuntimeError, as torch.tensor(value, dtype) and the list builders raise it, for an int the
+    column's dtype cannot hold (numpy would raise a bare OverflowError after part of the row was
+    written)."""
+    info = np.iinfo(_COLUMNS[column][0])
+    if not info.min <= value <= info.max:
+        raise RuntimeError(f"BatchState.add: sampling_params.{field} = {value!r} cannot be converted to "
+                           f"torch.{info.dtype}: value cannot be converted to type {info.dtype} without overflow")
 
 
 def _checked_int(where: str, field: str, value: object, lo: int, hi: int) -> int:
