@@ -222,7 +222,7 @@ def test_a_prefix_tensor_without_memory_of_its_own_is_refused_on_the_host(device
     assert (table == SENTINEL).all()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+@pytest.mark.cuda
 def test_cuda_op_takes_cpu_values_and_device_values_alike(rng):
     """The CUDA op copies CPU per-request values with its prefix table (one copy), or reads device
     ones where they are: both write the reference rows. A prefix_lens beyond a prefix tensor's
@@ -295,7 +295,7 @@ def test_write_cache_indices_op_passes_opcheck(rng, device):
     assert torch.equal(batch["req_to_token"].cpu(), reference(batch))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+@pytest.mark.cuda
 def test_cuda_op_refuses_a_capturing_stream(rng):
     """The op copies its prefix table through the staging ring: a captured copy would read ring
     memory reused long before the graph replays."""

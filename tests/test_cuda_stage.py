@@ -10,17 +10,13 @@ import sys
 import textwrap
 import threading
 
+import numpy as np
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    pytest.skip("CUDA is not available (torch.cuda.is_available() is False)", allow_module_level=True)
-
-import numpy as np  # noqa: E402
-
-import pinstage  # noqa: E402
-from gpu_busy import CYCLES_PER_US, assert_still_busy, busy  # noqa: E402
-from staging_reference import (  # noqa: E402
+import pinstage
+from gpu_busy import CYCLES_PER_US, assert_still_busy, busy
+from staging_reference import (
     DTYPES,
     NUMPY_OF,
     assert_same_tensor,
@@ -29,11 +25,11 @@ from staging_reference import (  # noqa: E402
     natural_values,
     seeded_rng,
 )
-from threads import run_in_threads  # noqa: E402
+from threads import run_in_threads
 
 DTYPE_IDS = [dtype_name(d) for d in DTYPES]
 # Building numpy inputs from out-of-range doubles (inf by design) makes numpy warn.
-pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+pytestmark = [pytest.mark.cuda, pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")]
 SMALL_RING = 4096
 STATS_KEYS = (
     "ring_bytes",

@@ -10,11 +10,9 @@ import sys
 import textwrap
 
 import pytest
-import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HAS_CUDA = torch.cuda.is_available()
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device"))]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 # Shared by every child: expect(fn, exc_type) runs fn and prints what it raised; it exits non-zero
 # if fn returned or raised something else, and then a plain staging must still work.

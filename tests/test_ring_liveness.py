@@ -8,11 +8,8 @@ import sys
 import textwrap
 
 import pytest
-import torch
 
-if not torch.cuda.is_available():
-    pytest.skip("CUDA is not available (torch.cuda.is_available() is False)", allow_module_level=True)
-
+pytestmark = pytest.mark.cuda
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -303,21 +303,14 @@ def test_error_search_stops_at_the_refused_element_in_about_torchs_time(device):
     )
 
 
-def _cuda_or_skip():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
-
-
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("default", ["meta", "cuda"])
+@pytest.mark.parametrize("default", ["meta", pytest.param("cuda", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("how", ["set_default_device", "with"])
 def test_fallback_builds_on_the_cpu_whatever_the_default_device(device, default, how):
     """The fallback's tensor is read from host memory, so torch.set_default_device("cuda") or a
     `with torch.device(...)` block must not move it (a "meta" default stands in for CUDA here)."""
     import numpy as np
 
-    if default == "cuda":
-        _cuda_or_skip()
     data = [np.int64(3), np.int64(-4)]
     bad = [np.int64(3), "x"]
     expected = torch.tensor(data, dtype=torch.int64, device="cpu")
