@@ -6,8 +6,9 @@ import sys
 
 import numpy as np
 import torch
+from support import ROOT
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import _baselines  # noqa: E402
 import _decode_model  # noqa: E402

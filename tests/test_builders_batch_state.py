@@ -3,7 +3,8 @@ same requests, through any sequence of add / remove / filter / merge / append_to
 import numpy as np
 import pytest
 import torch
-from builders_support import DEVICES, assert_fields_equal, assert_same_tensor, random_params, run_while_stream_busy
+from staging_reference import assert_same_tensor
+from support import DEVICES, assert_fields_equal, random_params, run_while_stream_busy
 from hypothesis import HealthCheck, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule

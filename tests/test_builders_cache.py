@@ -1,6 +1,6 @@
 import pytest
 import torch
-from builders_support import BATCH_SIZES, DEVICES, run_while_stream_busy
+from support import BATCH_SIZES, DEVICES, run_while_stream_busy
 from tensor_kinds import WrapperTensor
 
 from pinstage.builders import BACKENDS, write_cache_indices

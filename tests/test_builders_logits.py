@@ -1,8 +1,9 @@
 import numpy as np
 import pytest
 import torch
-from builders_support import (
-    BATCH_SIZES, DEVICES, assert_fields_equal, assert_same_tensor,
+from staging_reference import assert_same_tensor
+from support import (
+    BATCH_SIZES, DEVICES, assert_fields_equal,
     results_by_backend, run_while_stream_busy,
 )
 

@@ -8,10 +8,10 @@ import subprocess
 import sys
 
 import pytest
+from support import ROOT
 
 import pinstage
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.dirname(os.path.abspath(pinstage.__file__))
 
 # Makes `import torch` fail as it does in a Python without torch (ModuleNotFoundError naming torch).

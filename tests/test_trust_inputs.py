@@ -1,7 +1,7 @@
 """Python code that runs in the middle of a staging (an element's __index__, the torch.tensor
 fallback) and tensors whose storage is not their values: each case once crashed, read freed or
 foreign memory, or staged other values than torch.tensor gives. Cases that could crash or hang run
-in a subprocess (test_memory_safety.run_child); each child ends by checking that pinstage still works.
+in a subprocess (support.expect_in_child); each child ends by checking that pinstage still works.
 """
 import textwrap
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import pinstage
-from test_memory_safety import DEVICES, run_child
+from support import DEVICES, expect_in_child
 
 # Defined in each child: an object whose __index__ runs `action` once, then converts as 5.
 HOOK = """
@@ -26,7 +26,7 @@ class Hook:
 
 
 def child(body, device, timeout=300, prelude=""):
-    return run_child(HOOK + prelude + textwrap.dedent(body), device, timeout)
+    return expect_in_child(HOOK + prelude + textwrap.dedent(body), device, timeout)
 
 
 @pytest.mark.parametrize("device", DEVICES)
