@@ -5,22 +5,35 @@ import sys
 
 import pytest
 import torch
+from support import ROOT
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import decode_loop  # noqa: E402
 
 
+@pytest.fixture
+def one_thread():
+    """The model's tensors are tiny: torch's intra-op threads only contend with the other test
+    workers (ten times slower on a loaded two-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
-def test_every_backend_generates_the_same_tokens(device):
-    cfg = decode_loop.Config(batch_size=6, forward_ms=0.2, steps=16, warmup_steps=2, admit_every=2, vocab=1024,
-                             d_model=64, max_ctx=128)
+def test_every_backend_generates_the_same_tokens(device, one_thread):
+    """One round of every backend (the rounds' rotation is checked below). A short context keeps
+    max_new_tokens small: in 12 steps about half the requests finish and others join."""
+    cfg = decode_loop.Config(batch_size=5, forward_ms=0.2, steps=12, warmup_steps=1, admit_every=2, vocab=256,
+                             d_model=32, n_heads=2, max_ctx=68)
     dev = torch.device(device)
     cycles = decode_loop.sleep_cycles_per_us() if device == "cuda" else 0.0
-    results = decode_loop.run_config(cfg, dev, cycles, repeats=2)  # raises if two backends' tokens differ
+    results = decode_loop.run_config(cfg, dev, cycles, repeats=1)  # raises if two backends' tokens differ
     assert set(results) == set(decode_loop.BACKENDS)
     for name, summary in results.items():
-        assert [m["steps"] for m in summary["runs"]] == [cfg.steps] * 2, (name, summary)
+        assert [m["steps"] for m in summary["runs"]] == [cfg.steps], (name, summary)
         assert summary["tokens_per_s"] > 0 and summary["of_ideal"] > 0
         if name not in decode_loop.UNSAFE or device == "cpu":  # the unsafe baselines may race on the GPU only
             assert summary["requests_with_other_tokens"] == 0, name
