@@ -97,7 +97,9 @@ def violations(source, name="<test>"):
 
 
 def test_no_test_module_hides_cuda_cases_from_the_marker():
-    found = [v for path in sorted(TESTS.glob("*.py")) for v in violations(path.read_text(), path.name)]
+    # conftest.py is where the marker turns into a skip without a GPU.
+    paths = [p for p in sorted(TESTS.glob("*.py")) if p.name != "conftest.py"]
+    found = [v for path in paths for v in violations(path.read_text(), path.name)]
     assert not found, "\n".join(found)
 
 
