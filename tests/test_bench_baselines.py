@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from support import ROOT
+from support import DEVICES, ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
@@ -95,7 +95,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("device", DEVICES)
 def test_every_backend_generates_the_same_tokens(device, one_thread):
     """One round of every backend (the rounds' rotation is checked below). A short context keeps
     max_new_tokens small: in 12 steps about half the requests finish and others join."""

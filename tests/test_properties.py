@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 import pinstage
 from staging_reference import DTYPES, NUMPY_OF, assert_same_tensor, expected, int_bounds
+from support import DEVICES
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 PROPERTY = settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
 
 
