@@ -9,8 +9,8 @@ pinstage.integrations.sglang enabled, in one process on the same batches:
 
     python bench/sglang_host.py [--json out.json] [--plot out.png] [--sizes 1,8,64,256,1024] [--repeats 15]
 
-SGLang's source comes as in the tests (tests/engine_source.py: .engines/sglang-0.5.23, the cache or
-the wheel), imported with tests/sglang_stubs.py. A sample is a loop of calls after a warm-up; the
+SGLang's source comes as in the tests (bench/engines/source.py: .engines/sglang-0.5.23, the cache or
+the wheel), imported with bench/engines/sglang_stubs.py. A sample is a loop of calls after a warm-up; the
 two variants take their samples in turn, the order swapped every round, and the median of --repeats
 samples is reported in us per call. With a GPU, every patched function is also called once per
 size with a long kernel queued and torch.cuda.set_sync_debug_mode("error"): it must return before
@@ -29,15 +29,14 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.join(REPO, "tests"))
 sys.path.insert(0, HERE)
 
 import _report  # noqa: E402
 import _timing  # noqa: E402
-import sglang_stubs  # noqa: E402
-from engine_source import engine_root  # noqa: E402
+from bench.engines import sglang_stubs  # noqa: E402
+from bench.engines.sglang_stubs import PREFIXES, VERSION  # noqa: E402
+from bench.engines.source import Unavailable, engine_root  # noqa: E402
 from pinstage.integrations import sglang as pinstage_sglang  # noqa: E402
-from test_sglang_integration import PREFIXES, VERSION  # noqa: E402
 
 FUNCTIONS = ["from_schedule_batch", "prepare_for_decode", "write_cache_indices", "pruned_states"]
 VARIANTS = {"sglang": "SGLang 0.5.23", "pinstage": "SGLang + pinstage"}
@@ -116,7 +115,10 @@ def main():
     device = "cuda" if torch.cuda.is_available() else "cpu"
     vocab_size = 32000 if device == "cuda" else 4096
 
-    sg = sglang_stubs.import_sglang(engine_root("sglang", VERSION, PREFIXES))
+    try:
+        sg = sglang_stubs.import_sglang(engine_root("sglang", VERSION, PREFIXES))
+    except Unavailable as why:
+        sys.exit("sglang_host: %s" % why)
     warmups = 2
     decode_steps = DECODE_CALLS * 2 * (args.repeats + warmups) + 16  # every decode call of the run, with margin
     calls = {bs: make_calls(sg, device, bs, vocab_size, decode_steps) for bs in sizes}

@@ -6,8 +6,8 @@ in one process on the same data:
 
     python bench/vllm_host.py [--json out.json] [--sizes 16,256,4096] [--repeats 15]
 
-vLLM's source comes from tests/engine_source.py (a carried .engines/vllm-0.33.0, the cache, or the
-wheel), its heavy imports stood in by tests/vllm_stubs.py. Both variants are the same function
+vLLM's source comes from bench/engines/source.py (a carried .engines/vllm-0.33.0, the cache, or the
+wheel), its heavy imports stood in by bench/engines/vllm_stubs.py. Both variants are the same function
 objects the plugin installs and replaces, called side by side (UvaBackedTensor through a pool bound
 to one or the other), so that their samples interleave: a sample is a loop of calls sized to about
 --sample-ms after a warm-up, the variants take turns every round, and the median of --repeats
@@ -24,7 +24,6 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 sys.path.insert(0, HERE)
 
 import _report  # noqa: E402
@@ -36,12 +35,12 @@ H2D_256_RATIO = 1 / 3
 
 def load_vllm():
     """vLLM's modules, or exits saying why they are not here."""
-    import pytest
-    import vllm_stubs
+    from bench.engines import vllm_stubs
+    from bench.engines.source import Unavailable
 
     try:
         return vllm_stubs.load_vllm()
-    except pytest.skip.Exception as why:
+    except Unavailable as why:
         sys.exit("vllm_host: %s" % why)
 
 

@@ -1,12 +1,14 @@
-import os
+import functools
 import sys
 
 import pytest
+from support import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# An installed pinstage wins; an in-place build in the checkout is found otherwise.
+# An installed pinstage wins; an in-place build in the checkout is found otherwise (and bench.engines).
 if ROOT not in sys.path:
     sys.path.append(ROOT)
+
+from bench.engines.source import Unavailable  # noqa: E402
 
 
 def pytest_configure(config):
@@ -14,15 +16,25 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA device; skipped where none is visible")
 
 
-def pytest_collection_modifyitems(config, items):
+@functools.cache
+def _has_cuda():
     import torch
 
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
-    for item in items:
-        if "cuda" in item.keywords:
-            item.add_marker(skip)
+    return torch.cuda.is_available()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    """A cuda-marked test skips where no GPU is visible, before its fixtures run. The skip is raised
+    here, not added as a mark, so that the summary folds every such skip into one line
+    ("SKIPPED [N] tests/conftest.py:..."); other skip reasons keep their own lines. An engine's
+    source that is not here skips the tests that run it (their fixtures load it)."""
+    if item.get_closest_marker("cuda") is not None and not _has_cuda():
+        pytest.skip("needs a CUDA device (torch.cuda.is_available() is False)")
+    try:
+        return (yield)
+    except Unavailable as why:
+        pytest.skip(str(why))
 
 
 @pytest.fixture

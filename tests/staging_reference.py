@@ -180,15 +180,19 @@ def expected(data, dtype):
 
 
 def assert_same_tensor(got, want, what=""):
-    """Same dtype, shape and values; floats compared exactly with nan == nan and -0.0 != 0.0."""
+    """Same device, dtype, shape and values; floats compared exactly with nan == nan and -0.0 != 0.0.
+
+    torch.tensor's results are CPU tensors: a caller expecting a result elsewhere moves `want` to the
+    device the result must be on. The values are compared on the CPU."""
     assert isinstance(got, torch.Tensor), "%s: got %r, not a tensor" % (what, type(got))
+    assert got.device == want.device, "%s: on %s, expected on %s" % (what, got.device, want.device)
     assert got.dtype == want.dtype, "%s: dtype %s, expected %s" % (what, got.dtype, want.dtype)
     assert tuple(got.shape) == tuple(want.shape), "%s: shape %s, expected %s" % (
         what,
         tuple(got.shape),
         tuple(want.shape),
     )
-    got = got.detach().cpu()
+    got, want = got.detach().cpu(), want.detach().cpu()
     if want.dtype.is_floating_point:
         torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True, msg=lambda m: "%s: %s" % (what, m))
         finite = ~torch.isnan(want)
@@ -285,5 +289,6 @@ def assert_error_names(exc, index, value, dtype):
 
 
 def assert_views(inputs, want, what):
+    """Every view of the StaticInputs `inputs` is on its device and equals want[name]."""
     for name, expected in want.items():
-        assert_same_tensor(inputs[name], expected, "%s, field %s" % (what, name))
+        assert_same_tensor(inputs[name], expected.to(inputs.device), "%s, field %s" % (what, name))

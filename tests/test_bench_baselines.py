@@ -1,5 +1,10 @@
-"""The benchmarks' baselines compute what they claim to: the engines' copy patterns give the builders'
-results, and the decode loop's unguarded single copy and its snapshots write the static inputs."""
+"""The benchmarks' own code, the one test module that imports bench/: the baselines compute what they
+claim to (the engines' copy patterns give the builders' results, the decode loop's unguarded single
+copy and its snapshots write the static inputs), every decode-loop backend and the ideals' replays
+drive the same continuous batch to the same tokens (the benchmark asserts it; run small here), and
+the builders' table fits a terminal."""
+import contextlib
+import io
 import os
 import random
 import sys
@@ -7,8 +12,9 @@ import sys
 import numpy as np
 import pytest
 import torch
+from support import DEVICES, ROOT
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import _baseline_builders  # noqa: E402
 import _baselines  # noqa: E402
@@ -92,3 +98,60 @@ def test_snapshot_restores_every_static_input():
     snapshot.restore()
     for name in inputs.names:
         assert torch.equal(inputs[name], before[name]), name
+
+
+def test_builders_table_fits_in_120_columns():
+    wide = {m: 12345.6 for m in builders.METHODS}
+    rows = [dict(builder=b, bs=1024, us=dict(wide), spread={m: [0.5, 99999.0] for m in wide})
+            for b in ("penalty_last_token_ids", "write_cache_indices", "logits")]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        builders.print_table(rows, repeats=15)
+    lines = out.getvalue().splitlines()
+    assert len(lines) > len(rows) + 2
+    assert max(map(len, lines)) <= 120, max(lines, key=len)
+
+
+@pytest.fixture
+def one_thread():
+    """The model's tensors are tiny: torch's intra-op threads only contend with the other test
+    workers (ten times slower on a loaded two-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_backend_generates_the_same_tokens(device, one_thread):
+    """One round of every backend (the rounds' rotation is checked below). A short context keeps
+    max_new_tokens small: in 12 steps about half the requests finish and others join."""
+    cfg = decode_loop.Config(batch_size=5, forward_ms=0.2, steps=12, warmup_steps=1, admit_every=2, vocab=256,
+                             d_model=32, n_heads=2, max_ctx=68)
+    dev = torch.device(device)
+    cycles = decode_loop.sleep_cycles_per_us() if device == "cuda" else 0.0
+    results = decode_loop.run_config(cfg, dev, cycles, repeats=1)  # raises if two backends' tokens differ
+    assert set(results) == set(decode_loop.BACKENDS)
+    for name, summary in results.items():
+        assert [m["steps"] for m in summary["runs"]] == [cfg.steps], (name, summary)
+        assert summary["tokens_per_s"] > 0 and summary["of_ideal"] > 0
+        if name not in decode_loop.UNSAFE or device == "cpu":  # the unsafe baselines may race on the GPU only
+            assert summary["requests_with_other_tokens"] == 0, name
+
+
+def test_rounds_rotate_the_order():
+    names = list("abcdef")
+    orders = [decode_loop.rotated(names, i, 3) for i in range(3)]
+    assert all(sorted(o) == names for o in orders)
+    assert len({o[0] for o in orders}) == 3  # a different backend starts each round
+
+
+def test_workload_mixes_what_the_builders_must_handle():
+    cfg = decode_loop.Config(batch_size=8, forward_ms=0.2)
+    specs = decode_loop.make_workload(cfg, 200)
+    assert {s.use_prefix for s in specs} == {True, False}
+    assert any(s.logprob_start < len(s.prompt) for s in specs) and any(s.logprob_start == len(s.prompt) for s in specs)
+    assert any(s.params.top_k == 1 for s in specs) and any(s.params.top_k > 1 for s in specs)
+    assert any(s.params.repetition_penalty != 1 for s in specs)
+    assert len({s.max_new_tokens for s in specs}) > 20
+    assert all(cfg.prefix_len + len(s.prompt) + s.max_new_tokens < cfg.max_ctx for s in specs)

@@ -3,8 +3,9 @@ same requests, through any sequence of add / remove / filter / merge / append_to
 import numpy as np
 import pytest
 import torch
-from builders_support import (
-    DEVICES, assert_fields_equal, assert_same_tensor, random_params, reference_decode_inputs, reference_last_token_ids,
+from staging_reference import assert_same_tensor
+from support import (
+    DEVICES, assert_fields_equal, random_params, reference_decode_inputs, reference_last_token_ids,
     reference_sampling_batch, run_while_stream_busy,
 )
 from hypothesis import HealthCheck, seed, settings

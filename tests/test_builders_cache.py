@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 import torch
-from builders_support import BATCH_SIZES, DEVICES, run_while_stream_busy
+from support import BATCH_SIZES, DEVICES, run_while_stream_busy
 from tensor_kinds import WrapperTensor
 
 from pinstage.builders import write_cache_indices

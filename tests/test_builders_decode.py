@@ -1,7 +1,8 @@
 import pytest
 import torch
-from builders_support import (
-    BATCH_SIZES, DEVICES, assert_fields_equal, assert_same_tensor,
+from staging_reference import assert_same_tensor
+from support import (
+    BATCH_SIZES, DEVICES, assert_fields_equal,
     random_requests, reference_decode_inputs, reference_last_token_ids, run_while_stream_busy,
 )
 

@@ -9,7 +9,8 @@ from typing import List, Optional
 
 import pytest
 import torch
-from builders_support import DEVICES, assert_fields_equal, assert_same_tensor, random_params, random_requests
+from staging_reference import assert_same_tensor
+from support import DEVICES, assert_fields_equal, random_params, random_requests
 
 from pinstage.builders import (
     TOP_K_ALL, BatchState, Request, SamplingParams, build_decode_inputs, build_penalty_last_token_ids,

@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 import torch
-from builders_support import BATCH_SIZES, DEVICES, assert_fields_equal, assert_same_tensor, run_while_stream_busy
+from staging_reference import assert_same_tensor
+from support import BATCH_SIZES, DEVICES, assert_fields_equal, run_while_stream_busy
 
 from pinstage.builders import build_logprob_indices
 

@@ -2,9 +2,10 @@ import math
 
 import pytest
 import torch
-from builders_support import (
+from staging_reference import assert_same_tensor
+from support import (
     random_params,
-    BATCH_SIZES, DEVICES, assert_fields_equal, assert_same_tensor,
+    BATCH_SIZES, DEVICES, assert_fields_equal,
     reference_sampling_batch, run_while_stream_busy,
 )
 

@@ -7,11 +7,9 @@ torch.tensor for the caller's extra values; rows [n, max_bs) hold the fill the S
 import numpy as np
 import pytest
 import torch
-from builders_support import (
-    DEVICES, random_params, random_requests, reference_decode_inputs, reference_sampling_batch,
-)
 from gpu_busy import assert_still_busy, busy
 from staging_reference import assert_same_tensor, assert_views
+from support import DEVICES, random_params, random_requests, reference_decode_inputs, reference_sampling_batch
 
 import pinstage
 import pinstage.testing
@@ -234,4 +232,4 @@ def test_graph_captured_on_the_views_replays_as_eager_after_each_stage(rng, cuda
     assert pinstage.stats()["overflows"] > overflows, "the ring was never full: its reuse was not exercised"
     for k, (got, want) in enumerate(zip(results, expected)):
         for j, (g, w) in enumerate(zip(got, want)):
-            assert_same_tensor(g, w, "replay %d, output %d" % (k, j))
+            assert_same_tensor(g, w.to(inputs.device), "replay %d, output %d" % (k, j))

@@ -1,31 +1,17 @@
 """Faults around staging on the GPU: out of device memory, a forked child, torch's empty_cache, a
 graph captured by another thread, and giving overflow memory back. Each must end in a clean
 exception or in correct values, never a hang, a crash or a leaked ring."""
-import os
-import subprocess
-import sys
-import textwrap
 import threading
 
 import pytest
 import torch
+from support import run_child
 
-if not torch.cuda.is_available():
-    pytest.skip("CUDA is not available (torch.cuda.is_available() is False)", allow_module_level=True)
+import pinstage
 
-import pinstage  # noqa: E402
+pytestmark = pytest.mark.cuda
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL_RING = 4096
-
-
-def run_child(script):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", textwrap.dedent(script)], env=env,
-                          capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, "exit %d\nstdout:\n%s\nstderr:\n%s" % (proc.returncode, proc.stdout[-3000:],
-                                                                       proc.stderr[-3000:])
-    return proc.stdout
 
 
 @pytest.fixture(autouse=True)

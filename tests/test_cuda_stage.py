@@ -10,17 +10,13 @@ import sys
 import textwrap
 import threading
 
+import numpy as np
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    pytest.skip("CUDA is not available (torch.cuda.is_available() is False)", allow_module_level=True)
-
-import numpy as np  # noqa: E402
-
-import pinstage  # noqa: E402
-from gpu_busy import CYCLES_PER_US, assert_still_busy, busy  # noqa: E402
-from staging_reference import (  # noqa: E402
+import pinstage
+from gpu_busy import CYCLES_PER_US, assert_still_busy, busy
+from staging_reference import (
     DTYPES,
     NUMPY_OF,
     assert_same_tensor,
@@ -29,11 +25,11 @@ from staging_reference import (  # noqa: E402
     natural_values,
     seeded_rng,
 )
-from threads import run_in_threads  # noqa: E402
+from threads import run_in_threads
 
 DTYPE_IDS = [dtype_name(d) for d in DTYPES]
 # Building numpy inputs from out-of-range doubles (inf by design) makes numpy warn.
-pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+pytestmark = [pytest.mark.cuda, pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")]
 SMALL_RING = 4096
 STATS_KEYS = (
     "ring_bytes",
@@ -85,7 +81,7 @@ def check_staged(records):
         want, exc = expected(data, dtype)
         assert exc is None, "test input %d rejected by torch.tensor: %r" % (i, exc)
         assert got.is_cuda, "result %d on %s" % (i, got.device)
-        assert_same_tensor(got, want, "staging %d (%s, %d values)" % (i, dtype_name(dtype), want.numel()))
+        assert_same_tensor(got, want.cuda(), "staging %d (%s, %d values)" % (i, dtype_name(dtype), want.numel()))
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +171,7 @@ def test_matches_torch_tensor(dtype, kind, n):
     assert exc is None
     got = pinstage.stage_to_device(data, dtype)
     assert got.device == torch.device("cuda", torch.cuda.current_device())
-    assert_same_tensor(got, want, "%s %s n=%d" % (dtype_name(dtype), kind, n))
+    assert_same_tensor(got, want.cuda(), "%s %s n=%d" % (dtype_name(dtype), kind, n))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -191,7 +187,7 @@ def test_nested_and_scalar_inputs(dtype):
             continue
         got = pinstage.stage_to_device(data, dtype)
         assert got.is_cuda
-        assert_same_tensor(got, want, "%s %r" % (dtype_name(dtype), data))
+        assert_same_tensor(got, want.cuda(), "%s %r" % (dtype_name(dtype), data))
 
 
 def test_conversion_errors_on_cuda_match_torch():
@@ -414,7 +410,7 @@ def test_stage_on_non_current_stream():
     assert not side_done.query(), "staging onto a side stream made the current stream wait for it"
     assert not torch.equal(early.cpu(), torch.tensor(data)), "the copy ran on the current stream, not the given one"
     side.synchronize()
-    assert_same_tensor(got, torch.tensor(data), "staged on a side stream")
+    assert_same_tensor(got, torch.tensor(data).cuda(), "staged on a side stream")
 
     # With the side stream current, stream=None means the side stream; stage_into takes stream= too.
     with torch.cuda.stream(side):
@@ -424,9 +420,9 @@ def test_stage_on_non_current_stream():
         pinstage.stage_into(data[100:200], out, side)
         many = pinstage.stage_many([(data[:7], torch.int64), (data[7:9], torch.int64)], side)
     side.synchronize()
-    assert_same_tensor(got2, torch.tensor(data[:100]), "current side stream")
-    assert_same_tensor(out, torch.tensor(data[100:200]), "stage_into on a side stream")
-    assert_same_tensor(many[1], torch.tensor(data[7:9]), "stage_many on a side stream")
+    assert_same_tensor(got2, torch.tensor(data[:100]).cuda(), "current side stream")
+    assert_same_tensor(out, torch.tensor(data[100:200]).cuda(), "stage_into on a side stream")
+    assert_same_tensor(many[1], torch.tensor(data[7:9]).cuda(), "stage_many on a side stream")
 
 
 def test_two_busy_streams_interleaved():
@@ -522,7 +518,7 @@ def test_stage_into_feeds_captured_graph(dtype):
     assert_still_busy(done, "the replays were queued")
     torch.cuda.synchronize()
     for k, (data, got) in enumerate(zip(rounds, results)):
-        assert_same_tensor(got, torch.tensor(data, dtype=dtype) * 2 + 1, "replay %d" % k)
+        assert_same_tensor(got, (torch.tensor(data, dtype=dtype) * 2 + 1).cuda(), "replay %d" % k)
 
 
 def test_stage_into_checks_its_target():
@@ -621,7 +617,7 @@ def test_stage_many_is_one_allocation_of_disjoint_views():
     results[3].fill_(False)
     for i, (r, s) in enumerate(zip(results, snapshot)):
         if i not in (0, 3):
-            assert_same_tensor(r, s.cpu(), "item %d after writing items 0 and 3" % i)
+            assert_same_tensor(r, s, "item %d after writing items 0 and 3" % i)
 
 
 def test_stage_many_enqueues_one_copy():
@@ -778,4 +774,4 @@ def test_empty_inputs(dtype):
         want, exc = expected(data, dtype)
         assert exc is None
         assert got.is_cuda, got.device
-        assert_same_tensor(got, want, "empty %r" % (data,))
+        assert_same_tensor(got, want.cuda(), "empty %r" % (data,))

@@ -1,8 +1,5 @@
 """fetch_to_host / fetch_many: device tensors into pinned ring memory without waiting, read through a
 handle; the memory is reused only once the copy is done and nothing reads it any more."""
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -11,12 +8,10 @@ import torch
 
 import gpu_busy
 import pinstage
-from builders_support import DEVICES
 from staging_reference import DTYPES, dtype_name
+from support import DEVICES, run_child
 from tensor_kinds import WrapperTensor
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 SMALL_RING = 4096
 BUSY_MS = 50  # far longer than the host work behind it, on any GPU
 
@@ -239,10 +234,7 @@ def test_exit_with_fetches_in_flight():
         print("in flight", not done.query(), flush=True)
         """
     )
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "in flight True" in proc.stdout
+    assert "in flight True" in run_child(script, timeout=120)
 
 
 # ------------------------------------------------------------------------- what a fetch may copy
@@ -321,7 +313,4 @@ def test_release_from_another_thread_while_waiting_is_safe():
         print(outcomes)
         """
     )
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", script], env=env, capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_child(script, timeout=120)

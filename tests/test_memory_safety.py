@@ -2,57 +2,10 @@
 
 Every case runs in a subprocess, so that a regression fails its test (non-zero exit, a signal)
 instead of killing the whole test run. The child prints the exception it got and then checks that
-pinstage still works (and, for stage_into, that `out` was left as it was).
+pinstage still works (and, for stage_into, that `out` was left as it was): support.expect_in_child.
 """
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
-import torch
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HAS_CUDA = torch.cuda.is_available()
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device"))]
-
-# Shared by every child: expect(fn, exc_type) runs fn and prints what it raised; it exits non-zero
-# if fn returned or raised something else, and then a plain staging must still work.
-PRELUDE = textwrap.dedent(
-    """
-    import sys, torch, pinstage
-
-    def expect(fn, exc_type, *fragments):
-        try:
-            fn()
-        except exc_type as exc:
-            message = str(exc)
-            missing = [f for f in fragments if f not in message]
-            if missing:
-                print("MESSAGE LACKS", missing, "IN", repr(message))
-                sys.exit(3)
-            print("RAISED", type(exc).__name__, message[:200])
-        except BaseException as exc:
-            print("WRONG EXCEPTION", type(exc).__name__, str(exc)[:500])
-            sys.exit(2)
-        else:
-            print("NO EXCEPTION")
-            sys.exit(1)
-        after = pinstage.stage_to_device([1, 2, 3], torch.int64, device=DEVICE)
-        assert after.cpu().tolist() == [1, 2, 3], after
-    """
-)
-
-
-def run_child(body, device="cpu", timeout=300):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    script = PRELUDE + "DEVICE = %r\n" % device + textwrap.dedent(body)
-    proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", script], env=env,
-                          capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, "child exited with %d\nstdout:\n%s\nstderr:\n%s" % (
-        proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:])
-    return proc.stdout
+from support import DEVICES, expect_in_child
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -60,7 +13,7 @@ def run_child(body, device="cpu", timeout=300):
 def test_stage_into_out_replaced_during_conversion(device, shape):
     """An element's conversion replaces out's storage with a smaller one: nothing may be written
     with the byte count checked before."""
-    out = run_child(
+    out = expect_in_child(
         """
         out = torch.full((4096,), 7, dtype=torch.float32, device=DEVICE)
         small = torch.zeros(2, dtype=torch.int8, device=DEVICE)
@@ -88,7 +41,7 @@ def test_stage_into_out_replaced_during_conversion(device, shape):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_nesting_beyond_torch_limit(device):
-    run_child(
+    expect_in_child(
         """
         x = [1]
         for _ in range(300000):
@@ -111,7 +64,7 @@ def test_nesting_beyond_torch_limit(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_sizes_that_overflow(device):
-    run_child(
+    expect_in_child(
         """
         expect(lambda: pinstage.stage_to_device(range(2**61), torch.int64, device=DEVICE), RuntimeError, "overflow")
         if DEVICE == "cuda":
@@ -125,7 +78,7 @@ def test_sizes_that_overflow(device):
 
 
 def test_cache_index_bounds_that_would_overflow():
-    run_child(
+    expect_in_child(
         """
         big = 2**63 - 2
         table = torch.zeros((2, 8), dtype=torch.int32)
@@ -145,7 +98,7 @@ def test_cache_index_bounds_that_would_overflow():
 
 
 def test_device_indices_out_of_range():
-    run_child(
+    expect_in_child(
         """
         count = torch.cuda.device_count()
         # Without CUDA an in-range request is refused for that reason (RuntimeError, as torch does).
@@ -161,7 +114,7 @@ def test_device_indices_out_of_range():
 
 
 def test_wrong_exception_types_are_mended():
-    run_child(
+    expect_in_child(
         """
         expect(lambda: pinstage.configure(ring_bytes=2**70), OverflowError, "ring_bytes")
         expect(lambda: pinstage.configure(ring_bytes=-(2**70)), ValueError, "ring_bytes")
@@ -173,7 +126,7 @@ def test_wrong_exception_types_are_mended():
 
 
 def test_objects_that_only_claim_to_be_tensors():
-    run_child(
+    expect_in_child(
         """
         class Impostor:
             @property

@@ -1,8 +1,6 @@
 """What a new user meets first: the README's opening (what pinstage is, the two commands, where their
 output goes) and its links, installing without torch, a checkout that shadows an installed pinstage,
-the checkout importable from .venv after the README's commands, the benchmarks' output."""
-import contextlib
-import io
+the checkout importable from .venv after the README's commands."""
 import os
 import re
 import shutil
@@ -10,10 +8,10 @@ import subprocess
 import sys
 
 import pytest
+from support import ROOT
 
 import pinstage
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.dirname(os.path.abspath(pinstage.__file__))
 
 README = os.path.join(ROOT, "README.md")
@@ -123,20 +121,3 @@ def test_the_venv_imports_this_checkout_from_anywhere(tmp_path):
 def test_fetch_handle_readers_are_documented():
     for reader in (pinstage.FetchHandle.numpy, pinstage.FetchHandle.tolist):
         assert reader.__doc__ and "wait" in reader.__doc__ and "fetch_many" in reader.__doc__, reader
-
-
-def test_builders_table_fits_in_120_columns():
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    try:
-        import builders
-    finally:
-        sys.path.pop(0)
-    wide = {m: 12345.6 for m in builders.METHODS}
-    rows = [dict(builder=b, bs=1024, us=dict(wide), spread={m: [0.5, 99999.0] for m in wide})
-            for b in ("penalty_last_token_ids", "write_cache_indices", "logits")]
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        builders.print_table(rows, repeats=15)
-    lines = out.getvalue().splitlines()
-    assert len(lines) > len(rows) + 2
-    assert max(map(len, lines)) <= 120, max(lines, key=len)

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 import pinstage
 from staging_reference import DTYPES, NUMPY_OF, assert_same_tensor, expected, int_bounds
+from support import DEVICES
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 PROPERTY = settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
 
 
@@ -173,7 +173,7 @@ class Ledger:
         if self.device == "cuda":
             torch.cuda.synchronize()
         for got, want in self.entries:
-            assert_same_tensor(got, want, "an earlier result")
+            assert_same_tensor(got, want.to(self.device), "an earlier result")
 
 
 def _expect(data, dtype):
@@ -189,7 +189,7 @@ def test_stage_to_device_is_torch_tensor(device, data, dtype):
     if exc is None:
         got = pinstage.stage_to_device(data, dtype, device=device)
         assert got.device.type == device
-        assert_same_tensor(got, want, "%r as %s" % (data, dtype))
+        assert_same_tensor(got, want.to(device), "%r as %s" % (data, dtype))
         return
     with pytest.raises(type(exc)):
         pinstage.stage_to_device(data, dtype, device=device)
@@ -208,7 +208,7 @@ def test_stage_many_is_torch_tensor_per_item(device, items):
         got = pinstage.stage_many(items, device=device)
         assert len(got) == len(items)
         for g, (want, _) in zip(got, expectations):
-            assert_same_tensor(g, want, "stage_many item")
+            assert_same_tensor(g, want.to(device), "stage_many item")
             ledger.add(g, want)
     else:
         before = pinstage.stage_many([([5, 6], torch.int32), ([1.5], torch.float32)], device=device)
@@ -230,11 +230,11 @@ def test_stage_into_is_torch_tensor_or_leaves_out_alone(device, data, dtype):
     out = sentinel.clone().to(device)
     if exc is None and want.numel() == out.numel():
         assert pinstage.stage_into(data, out) is out
-        assert_same_tensor(out.view(want.shape), want, "stage_into %r as %s" % (data, dtype))
+        assert_same_tensor(out.view(want.shape), want.to(device), "stage_into %r as %s" % (data, dtype))
         return
     # An empty result cannot fill a one-element out, and a ragged one has no size to match: both
     # are ValueErrors (of the size check, or torch's own for ragged data).
     refused = (ValueError,) if exc is None else (type(exc),) if known else (type(exc), ValueError)
     with pytest.raises(refused):
         pinstage.stage_into(data, out)
-    assert_same_tensor(out, sentinel, "out after a refused stage_into")
+    assert_same_tensor(out, sentinel.to(device), "out after a refused stage_into")

@@ -8,10 +8,10 @@ import os
 import random
 
 import pytest
+from support import ROOT
 from torch.utils import cpp_extension
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 
 
 def _build_extension():

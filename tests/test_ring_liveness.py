@@ -2,31 +2,17 @@
 region is being written, empty_cache() in one thread while others stage, and stats()['wraps'] on a
 small ring. Each case runs in a child process with a timeout (a regression hangs, it must not hang
 the suite)."""
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
-import torch
+from support import run_child
 
-if not torch.cuda.is_available():
-    pytest.skip("CUDA is not available (torch.cuda.is_available() is False)", allow_module_level=True)
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.cuda
+HEADER = "import threading, time\nimport numpy as np, torch, pinstage\n"
 
 
-def run_child(script, timeout=120):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    header = "import threading, time\nimport numpy as np, torch, pinstage\n"
-    try:
-        proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", header + textwrap.dedent(script)], env=env,
-                              capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pytest.fail("the child did not finish in %d s (a wait that cannot end)" % timeout)
-    assert proc.returncode == 0, "exit %d\nstdout:\n%s\nstderr:\n%s" % (proc.returncode, proc.stdout[-3000:],
-                                                                       proc.stderr[-3000:])
-    return proc.stdout
+def child(script, timeout=120):
+    return run_child(HEADER + textwrap.dedent(script), timeout)
 
 
 # The outer staging's region (2400 bytes of a 4 KiB ring) is still being written when an element's
@@ -61,14 +47,14 @@ print("ok")
                                   "t = threading.Thread(target=stage_inner); t.start(); t.join()"],
                          ids=["from_index", "from_a_thread_index_waits_for"])
 def test_wait_re_entered_while_the_outer_region_is_written_is_served_from_overflow(call):
-    assert "ok" in run_child(REENTRANT.replace("{call}", call), timeout=60)
+    assert "ok" in child(REENTRANT.replace("{call}", call), timeout=60)
 
 
 def test_empty_cache_waiting_for_the_device_does_not_stall_another_thread_staging():
     """empty_cache() frees pinned blocks and waits for the device first (here for a 2 s kernel);
     another thread's staging meanwhile must not wait for it: not for the ring's lock, the GIL, or the
     driver (whose cudaFreeHost, called on a busy device, blocks every thread's cudaMemcpyAsync)."""
-    out = run_child(
+    out = child(
         """
         pinstage.configure(ring_bytes=1 << 20, on_full="overflow")
         pinstage.stage_to_device([0], torch.int64)
@@ -106,7 +92,7 @@ def test_empty_cache_waiting_for_the_device_does_not_stall_another_thread_stagin
 def test_wraps_counts_the_passes_over_a_small_ring():
     """stats()['wraps']: the times the ring went back to its start. A 4 KiB ring reused 50 times
     (each staging fills it, synchronised so that it drains between uses) counts 50."""
-    out = run_child(
+    out = child(
         """
         pinstage.configure(ring_bytes=4096, on_full="wait")
         before = pinstage.stats()

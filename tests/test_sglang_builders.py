@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from builders_support import assert_same_tensor
+from staging_reference import assert_same_tensor
 from pinstage.builders import (
     BatchState,
     build_decode_inputs,
@@ -23,7 +23,7 @@ BATCH_SIZES = [1, 7, 64, 300]
 def sglang_batch(sg, device, bs, seed, logprobs=False):  # noqa: F811
     """A prefilled SGLang batch of bs random requests (penalties, seeds, prefix hits, input
     logprobs), one sampled token each."""
-    import sglang_stubs
+    from bench.engines import sglang_stubs
 
     rng = random.Random(seed)
     world = sglang_stubs.SchedulerWorld(sg, device)
@@ -91,7 +91,7 @@ def test_decode_and_penalty_inputs_equal_sglangs(sg, device, bs, monkeypatch):  
 @pytest.mark.parametrize("bs", BATCH_SIZES)
 def test_logprob_indices_equal_sglangs(sg, device, bs):  # noqa: F811
     _, batch = sglang_batch(sg, device, bs, seed=bs, logprobs=True)
-    import sglang_stubs
+    from bench.engines import sglang_stubs
 
     metadata = sglang_stubs.logits_metadata(sg, batch)
     hidden = torch.zeros(sum(batch.extend_lens), 1, device=device)

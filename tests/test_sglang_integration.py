@@ -20,11 +20,10 @@ import pytest
 import torch
 
 import pinstage
-from engine_source import REPO, engine_root
+from bench.engines.sglang_stubs import PREFIXES, VERSION
+from bench.engines.source import REPO, engine_root
 from pinstage.integrations import sglang as pinstage_sglang
 
-VERSION = "0.5.23"
-PREFIXES = ["sglang/srt/", "sglang/kernels/", "sglang/utils.py", "sglang/version.py", "sglang/_version.py"]
 # SGLang 0.5.23 picks its Triton kernels by platform, not by tensor: where CUDA is available it
 # launches them on CPU tensors too, so its CPU path runs only where no GPU is visible.
 DEVICES = [pytest.param("cpu", marks=pytest.mark.skipif(torch.cuda.is_available(), reason=(
@@ -34,7 +33,7 @@ DEVICES = [pytest.param("cpu", marks=pytest.mark.skipif(torch.cuda.is_available(
 
 @pytest.fixture(scope="module")
 def sg():
-    import sglang_stubs
+    from bench.engines import sglang_stubs
 
     root = engine_root("sglang", VERSION, PREFIXES)
     missing = [p for p in PREFIXES if not (root / p).exists()]
@@ -114,7 +113,7 @@ def snapshot(batch):
 
 def pruned_indices(sg, batch, hidden):
     """The logits processor's sample and input-logprob indices for a prefill with input logprobs."""
-    import sglang_stubs
+    from bench.engines import sglang_stubs
 
     metadata = sglang_stubs.logits_metadata(sg, batch)
     states = hidden[: sum(batch.extend_lens)]
@@ -140,7 +139,7 @@ def random_params(rng, penalties, seeds):
 def run_scenario(sg, device, seed, max_bs, penalties, seeds, rounds=3, decode_steps=2):
     """One scheduler run; returns every recorded output, in order, and how often each scheduler case
     came up (prefix hits, chunks, input logprobs starting at the extend length, merges)."""
-    import sglang_stubs
+    from bench.engines import sglang_stubs
 
     rng = random.Random(seed)
     world = sglang_stubs.SchedulerWorld(sg, device)
@@ -232,7 +231,7 @@ def test_outputs_identical_with_pinstage(sg, device, seed, max_bs, penalties, se
 def test_from_schedule_batch_with_rare_features_is_sglangs(sg, device):
     """A batch with logit bias or a sampling mask goes to SGLang's method (its row indices through
     pinstage's helper); an all-default batch gets SGLang's exact flags from pinstage's code."""
-    import sglang_stubs
+    from bench.engines import sglang_stubs
 
     def build(params):
         world = sglang_stubs.SchedulerWorld(sg, device)
@@ -349,8 +348,8 @@ def test_patched_functions_do_not_wait_for_the_gpu(sg, device):
     """Each replaced function gives SGLang's results; on CUDA, called with a long kernel queued on
     the current stream, it runs under torch's sync-debug "error" mode and returns while that kernel
     still runs."""
-    import sglang_stubs
-    from builders_support import run_while_stream_busy
+    from bench.engines import sglang_stubs
+    from support import run_while_stream_busy
 
     def prefilled():
         rng = random.Random(7)
@@ -415,7 +414,7 @@ def test_write_cache_indices_leaves_other_prefix_dtypes_to_sglang(sg, device, mo
     """Requests without a cached prefix share SGLang's empty CPU tensor (accepted: never read); a
     prefix tensor of another dtype than int64 is refused by pinstage's op before anything is
     written, and SGLang's own function then fills the table: the same rows either way."""
-    import sglang_stubs
+    from bench.engines import sglang_stubs
     from pinstage.integrations import _sglang_cache
 
     wrote = []  # per patched call: whether pinstage's op wrote the rows (False: it refused them)

@@ -12,9 +12,9 @@ import torch
 
 import pinstage
 from pinstage import Field, StaticInputs
-from builders_support import DEVICES
 from gpu_busy import assert_still_busy, busy
 from staging_reference import assert_error_names, assert_same_tensor, assert_views, expected, natural_values, seeded_rng
+from support import DEVICES
 
 # One engine step's graph inputs; the last field has a fill other than 0 (the rows a shrinking n
 # leaves behind must get it back) and the widest rows.
@@ -442,7 +442,7 @@ def test_values_right_while_the_stream_is_busy_and_the_ring_wraps(cuda_ring, on_
     after = pinstage.stats()
     for k, (flat, want) in enumerate(zip(results, expected)):
         for name in want:
-            assert_same_tensor(field_of(inputs, flat, name), want[name], "step %d (n=%d), field %s" % (k, steps[k][0], name))
+            assert_same_tensor(field_of(inputs, flat, name), want[name].to(inputs.device), "step %d (n=%d), field %s" % (k, steps[k][0], name))
     assert after["copies"] - before["copies"] == len(steps)
     if on_full == "overflow":
         assert after["overflows"] > before["overflows"], "the ring never overflowed: the test did not exercise it"
@@ -496,7 +496,7 @@ def test_graph_captured_on_the_views_replays_each_stage(cuda_ring):
     torch.cuda.synchronize()
     for k, (got, want) in enumerate(zip(results, expected)):
         for j, (g, w) in enumerate(zip(got, want)):
-            assert_same_tensor(g, w, "replay %d, output %d" % (k, j))
+            assert_same_tensor(g, w.to(inputs.device), "replay %d, output %d" % (k, j))
 
 
 @pytest.mark.cuda

@@ -1,7 +1,7 @@
 """Python code that runs in the middle of a staging (an element's __index__, the torch.tensor
 fallback) and tensors whose storage is not their values: each case once crashed, read freed or
 foreign memory, or staged other values than torch.tensor gives. Cases that could crash or hang run
-in a subprocess (test_memory_safety.run_child); each child ends by checking that pinstage still works.
+in a subprocess (support.expect_in_child); each child ends by checking that pinstage still works.
 """
 import textwrap
 import warnings
@@ -11,8 +11,7 @@ import pytest
 import torch
 
 import pinstage
-from builders_support import DEVICES
-from test_memory_safety import run_child
+from support import DEVICES, expect_in_child
 
 # Defined in each child: an object whose __index__ runs `action` once, then converts as 5.
 HOOK = """
@@ -29,7 +28,7 @@ class Hook:
 
 
 def child(body, device, timeout=300, prelude=""):
-    return run_child(HOOK + prelude + textwrap.dedent(body), device, timeout)
+    return expect_in_child(HOOK + prelude + textwrap.dedent(body), device, timeout)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -313,21 +312,14 @@ def test_error_search_stops_at_the_refused_element_in_about_torchs_time(device):
     )
 
 
-def _cuda_or_skip():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
-
-
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("default", ["meta", "cuda"])
+@pytest.mark.parametrize("default", ["meta", pytest.param("cuda", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("how", ["set_default_device", "with"])
 def test_fallback_builds_on_the_cpu_whatever_the_default_device(device, default, how):
     """The fallback's tensor is read from host memory, so torch.set_default_device("cuda") or a
     `with torch.device(...)` block must not move it (a "meta" default stands in for CUDA here)."""
     import numpy as np
 
-    if default == "cuda":
-        _cuda_or_skip()
     data = [np.int64(3), np.int64(-4)]
     bad = [np.int64(3), "x"]
     expected = torch.tensor(data, dtype=torch.int64, device="cpu")

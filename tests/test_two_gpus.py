@@ -8,8 +8,7 @@ from threads import run_in_threads
 import pinstage
 from pinstage.builders import BatchState, Request, build_decode_inputs, write_cache_indices
 
-if torch.cuda.device_count() < 2:
-    pytest.skip("needs two GPUs (torch.cuda.device_count() < 2)", allow_module_level=True)
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")]
 
 SMALL_RING = 4096
 DEVICES = [torch.device("cuda", 0), torch.device("cuda", 1)]

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 import staging_reference
 import torch
-from builders_support import BUSY_MS, DEVICES, assert_same_tensor
+from staging_reference import assert_same_tensor
+from support import BUSY_MS, DEVICES
 
 import pinstage
 import pinstage.testing
@@ -35,7 +36,7 @@ FORMS = ["list", "numpy", "tensor"]
 
 @pytest.fixture(scope="module")
 def vllm():
-    import vllm_stubs
+    from bench.engines import vllm_stubs
 
     yield vllm_stubs.load_vllm()
     vllm_stubs.unload_vllm()
@@ -457,8 +458,7 @@ def test_importing_the_plugin_imports_no_vllm():
 def test_enable_does_not_initialise_cuda(vllm):
     code = textwrap.dedent("""
         import sys, torch
-        sys.path.insert(0, "tests")
-        import vllm_stubs
+        from bench.engines import vllm_stubs
         vllm_stubs.load_vllm()
         from pinstage.integrations import vllm
         vllm.enable()

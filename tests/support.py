@@ -1,13 +1,18 @@
-"""Shared pieces of the builder tests: devices, torch references, tensor equality, a busy stream."""
+"""What the tests share: the checkout's root, the device list, child processes, builder requests and
+their comparison, a busy stream. pinstage is imported inside the helpers: conftest imports ROOT from
+here before it puts the checkout on sys.path."""
+import os
+import subprocess
+import sys
+import textwrap
+
 import gpu_busy
 import pytest
-import staging_reference
 import torch
+from staging_reference import assert_same_tensor
 
-from pinstage.builders import DecodeInputs, Request, SamplingParams
-from pinstage.builders.decode import decode_fields, last_token_ids
-from pinstage.builders.sampling import sampling_fields
-
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Every test that runs on both: the CUDA case carries the marker (conftest skips it without a GPU).
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 BATCH_SIZES = [0, 1, 37, 4096]
 
@@ -16,8 +21,58 @@ BATCH_SIZES = [0, 1, 37, 4096]
 BUSY_MS = 25
 
 
+def run_child(script, timeout=180):
+    """Runs `script` (dedented) in a fresh interpreter that imports this checkout's pinstage, with
+    faulthandler on, so that a crash or a hang fails one test instead of the run. Returns its stdout."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    try:
+        proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", textwrap.dedent(script)], env=env,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the child did not finish in %d s (a wait that cannot end)" % timeout)
+    assert proc.returncode == 0, "exit %d\nstdout:\n%s\nstderr:\n%s" % (proc.returncode, proc.stdout[-3000:],
+                                                                       proc.stderr[-3000:])
+    return proc.stdout
+
+
+# Defined in every expect_in_child child: expect(fn, exc_type, *fragments) runs fn and prints what it
+# raised; it exits non-zero if fn returned or raised something else, and then a plain staging on
+# DEVICE must still work.
+_EXPECT = textwrap.dedent(
+    """
+    import sys, torch, pinstage
+
+    def expect(fn, exc_type, *fragments):
+        try:
+            fn()
+        except exc_type as exc:
+            message = str(exc)
+            missing = [f for f in fragments if f not in message]
+            if missing:
+                print("MESSAGE LACKS", missing, "IN", repr(message))
+                sys.exit(3)
+            print("RAISED", type(exc).__name__, message[:200])
+        except BaseException as exc:
+            print("WRONG EXCEPTION", type(exc).__name__, str(exc)[:500])
+            sys.exit(2)
+        else:
+            print("NO EXCEPTION")
+            sys.exit(1)
+        after = pinstage.stage_to_device([1, 2, 3], torch.int64, device=DEVICE)
+        assert after.cpu().tolist() == [1, 2, 3], after
+    """
+)
+
+
+def expect_in_child(body, device="cpu", timeout=300):
+    """run_child of `body` (dedented) with expect() and DEVICE defined."""
+    return run_child(_EXPECT + "DEVICE = %r\n" % device + textwrap.dedent(body), timeout)
+
+
 def random_requests(rng, bs):
     """bs decode requests: prompts of 1-6 tokens, 0-3 output tokens (often none), random rows."""
+    from pinstage.builders import Request
+
     return [
         Request(
             [rng.randrange(1 << 17) for _ in range(rng.randint(1, 6))],
@@ -31,6 +86,8 @@ def random_requests(rng, bs):
 def random_params(rng, bs):
     """bs SamplingParams mixing greedy and sampled requests, ints where floats are expected (common
     in engine code), with and without seeds and penalties."""
+    from pinstage.builders import SamplingParams
+
     return [
         SamplingParams(
             temperature=rng.choice([0.0, 0.5, 0.7, 1, 1.3]),
@@ -43,12 +100,6 @@ def random_params(rng, bs):
         )
         for _ in range(bs)
     ]
-
-
-def assert_same_tensor(actual, expected, name=""):
-    """Equal values, dtype and shape (staging_reference's check) on the same device."""
-    assert actual.device == expected.device, (name, actual.device, expected.device)
-    staging_reference.assert_same_tensor(actual, expected.cpu(), name)
 
 
 def assert_fields_equal(actual, expected):
@@ -68,14 +119,21 @@ def torch_tensors(fields, device):
 
 
 def reference_decode_inputs(requests, device):
+    from pinstage.builders import DecodeInputs
+    from pinstage.builders.decode import decode_fields
+
     return DecodeInputs(*torch_tensors(decode_fields(requests), device))
 
 
 def reference_last_token_ids(requests, device):
+    from pinstage.builders.decode import last_token_ids
+
     return torch.tensor(last_token_ids(requests), dtype=torch.int64, device=device)
 
 
 def reference_sampling_batch(params, device, enable_deterministic_sampling=False):
+    from pinstage.builders.sampling import sampling_fields
+
     fields, batch = sampling_fields(params, enable_deterministic_sampling)
     return batch(torch_tensors(fields, device))
 

@@ -7,14 +7,13 @@ stand-in here, so that the unpacked subset stays small and imports without vLLM'
 """
 import importlib
 import logging
-import os
 import re
 import sys
 import types
 
 import torch
 
-from engine_source import engine_root
+from .source import engine_root
 
 VLLM_VERSION = "0.33.0"
 # The wheel's files that run as released; everything else vLLM would import is a stand-in below.
@@ -158,7 +157,7 @@ def unload_vllm():
 
 
 def load_vllm():
-    """vLLM 0.33's (torch_utils, v1_utils, buffer_utils) modules, or pytest.skip saying why not."""
+    """vLLM 0.33's (torch_utils, v1_utils, buffer_utils) modules; source.Unavailable saying why not."""
     root = engine_root("vllm", VLLM_VERSION, VLLM_FILES)
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))  # also where importlib.metadata finds vLLM's version

@@ -1,12 +1,13 @@
-"""An engine's released Python source for tests that run its real code.
+"""An engine's released Python source, for the tests and benchmarks that run its real code.
 
 Where it comes from, first match wins:
   1. a carried copy: $PINSTAGE_ENGINE_SRC/<name>-<version>/ or <repo>/.engines/<name>-<version>/
      (what a GPU machine without a package index gets: copy the folder along);
   2. the cache: $PINSTAGE_ENGINE_CACHE (default ~/.cache/pinstage/engines)/<name>-<version>/;
   3. the wheel from the package index (`pip download --no-deps`), unpacked into the cache.
-Only the wheel's .py files under the given prefixes are unpacked. If none works, the caller's tests
-skip with the reason: they never pass without the engine's code.
+Only the wheel's .py files under the given prefixes are unpacked. If none works, engine_root raises
+Unavailable with the reason (the tests' conftest turns it into a skip: they never pass without the
+engine's code).
 """
 import fcntl
 import os
@@ -17,11 +18,13 @@ import sys
 import tempfile
 import zipfile
 
-import pytest
-
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]
 CACHE = pathlib.Path(os.environ.get("PINSTAGE_ENGINE_CACHE", pathlib.Path.home() / ".cache" / "pinstage" / "engines"))
 _COMPLETE = ".complete"  # written last, so that an interrupted unpack is never taken for a whole one
+
+
+class Unavailable(RuntimeError):
+    """An engine's source is neither carried, cached nor downloadable here; the message says why."""
 
 
 def _carried(folder_name):
@@ -65,7 +68,7 @@ def _download(name, version, dest, prefixes):
 
 
 def engine_root(name, version, prefixes):
-    """The folder holding `name`'s source at `version` (put it on sys.path), or pytest.skip with why.
+    """The folder holding `name`'s source at `version` (put it on sys.path); Unavailable with why.
 
     prefixes: wheel paths to unpack, e.g. ["sglang/srt/"]; a carried copy must hold at least these."""
     folder = "%s-%s" % (name, version)
@@ -79,6 +82,6 @@ def engine_root(name, version, prefixes):
         fcntl.flock(lock, fcntl.LOCK_EX)
         why = None if (cached / _COMPLETE).exists() else _download(name, version, cached, prefixes)
         if why is not None:
-            pytest.skip("%s %s's source is not here: no carried copy (.engines/%s or $PINSTAGE_ENGINE_SRC), "
+            raise Unavailable("%s %s's source is not here: no carried copy (.engines/%s or $PINSTAGE_ENGINE_SRC), "
                         "no cache (%s), and %s" % (name, version, folder, cached, why))
     return cached

@@ -25,6 +25,10 @@ from array import array
 
 import torch
 
+VERSION = "0.5.23"
+# The wheel's files the scheduler modules import (a carried copy must hold at least these).
+PREFIXES = ["sglang/srt/", "sglang/kernels/", "sglang/utils.py", "sglang/version.py", "sglang/_version.py"]
+
 STUBBED = (
     "sglang.kernels.jit",  # JIT-compiled CUDA sources, kept beside the wheel's .py files
     "msgspec", "psutil", "zmq", "sgl_kernel", "flashinfer", "transformers", "orjson", "huggingface_hub",
@@ -183,7 +187,7 @@ def installed():
 
 
 def import_sglang(root):
-    """SGLang's scheduler modules from the source folder `root` (see engine_source.py), imported
+    """SGLang's scheduler modules from the source folder `root` (see source.py), imported
     with the stand-ins above, with default server settings published (as a scheduler process does
     at start). Returns a namespace of the modules and classes the tests and benchmark use."""
     if str(root) not in sys.path:
@@ -280,9 +284,11 @@ def write_carried_copy(root, dest):
     """Copies into `dest`, marked complete, the .py files of every folder of `root` from which
     importing SGLang's scheduler modules loads a module (whole folders: on a GPU, SGLang imports a
     few other siblings), and the package metadata: the folder to carry to a machine without a
-    package index (engine_source finds it at .engines/<name>-<version>)."""
+    package index (source.engine_root finds it at .engines/<name>-<version>)."""
     import pathlib
     import shutil
+
+    from . import source
 
     root, dest = pathlib.Path(root).resolve(), pathlib.Path(dest)
     import_sglang(root)
@@ -294,19 +300,15 @@ def write_carried_copy(root, dest):
         target = dest / source.relative_to(root)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, target)
-    (dest / _COMPLETE).write_text(f"subset of {root}: {len(files)} files\n")
+    (dest / source._COMPLETE).write_text(f"subset of {root}: {len(files)} files\n")
     return len(files), sum(f.stat().st_size for f in files)
 
 
 if __name__ == "__main__":
-    # python tests/sglang_stubs.py: the SGLang subset the tests import, into .engines/ for the GPU machine
-    import pathlib
-
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-    from engine_source import _COMPLETE, REPO, engine_root
-    from test_sglang_integration import PREFIXES, VERSION
-
+    # python -m bench.engines.sglang_stubs: the SGLang subset the tests import, into .engines/ for the GPU machine
     import shutil
+
+    from .source import REPO, engine_root
 
     folder = f"sglang-{VERSION}"
     shutil.rmtree(REPO / ".engines" / folder, ignore_errors=True)  # else engine_root would offer it as the source
