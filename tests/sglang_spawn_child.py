@@ -7,7 +7,7 @@ def report(root):
     """Imports SGLang's scheduler modules from `root` (stand-ins for its heavy dependencies) and says
     whether pinstage's integration enabled itself in this process."""
     before = {"hook": "_pinstage_hook" in sys.modules, "pinstage": "pinstage" in sys.modules}
-    import sglang_stubs
+    from bench.engines import sglang_stubs
 
     sg = sglang_stubs.import_sglang(root)
     from pinstage.integrations import sglang

@@ -145,15 +145,12 @@ def test_objects_that_only_claim_to_be_tensors():
 
 # torch.ops.pinstage: each op reads a caller's value once, and write_cache_indices refuses a table
 # that overlaps itself or its inputs (the cases once wrote past the table or the op's outputs).
-OPS_DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
-
-
-@pytest.mark.parametrize("device", OPS_DEVICES)
+@pytest.mark.parametrize("device", DEVICES)
 def test_write_cache_indices_refuses_a_table_overlapping_its_inputs_or_itself(device):
     """req_to_token an int32 view of the int64 buffer holding seq_lens: request 0's write changed
     seq_lens[1], which the op read again and wrote past the table. A stride-0 or row-overlapping
     table has requests write each other's rows. Each is refused before anything is written."""
-    out = run_child(
+    out = expect_in_child(
         """
         op = torch.ops.pinstage.write_cache_indices
         i64 = dict(dtype=torch.int64, device=DEVICE)
@@ -215,7 +212,7 @@ def test_write_cache_indices_reads_each_value_once_while_another_thread_writes_t
     """Another thread flips seq_lens between a valid and an out-of-bounds value through .numpy()
     while the op runs (with the GIL released): each call is checked and served from one reading,
     so it writes its rows or refuses, and never writes past them."""
-    out = run_child(
+    out = expect_in_child(
         """
         import threading, time
         # A call long enough (a million cells) for the writer to run while it writes, on a busy machine.
@@ -259,7 +256,7 @@ def test_logprob_indices_reads_each_length_once_while_another_thread_writes_them
     """Another thread flips the lengths through .numpy() while the op runs (with the GIL
     released): the op sized its outputs from one reading and once filled them from another,
     writing past them. Each result must be one batch's indices."""
-    out = run_child(
+    out = expect_in_child(
         """
         import threading, time
         bs = 256

@@ -11,9 +11,9 @@ import pytest
 
 import _pinstage_hook
 import sglang_spawn_child
-from engine_source import REPO, engine_root
+from bench.engines.source import REPO, engine_root
+from bench.engines.sglang_stubs import PREFIXES, VERSION
 from pinstage.integrations import sglang as pinstage_sglang
-from test_sglang_integration import PREFIXES, VERSION
 
 
 def _spawned_child(tmp_path, monkeypatch, switch):

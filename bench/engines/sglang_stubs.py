@@ -296,10 +296,10 @@ def write_carried_copy(root, dest):
     folders = {f.parent for f in loaded if f.is_relative_to(root)}
     files = {f for folder in folders for f in folder.glob("*.py")} | set(root.glob("*.dist-info/METADATA"))
     shutil.rmtree(dest, ignore_errors=True)
-    for source in files:
-        target = dest / source.relative_to(root)
+    for file in files:
+        target = dest / file.relative_to(root)
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, target)
+        shutil.copyfile(file, target)
     (dest / source._COMPLETE).write_text(f"subset of {root}: {len(files)} files\n")
     return len(files), sum(f.stat().st_size for f in files)
 
