@@ -23,7 +23,7 @@ fi
 
 missing=$("$PY" - <<'PYEOF'
 import importlib.util
-print(" ".join(m for m in ("numpy", "ninja", "pytest", "hypothesis", "matplotlib", "mypy", "setuptools")
+print(" ".join(m for m in ("numpy", "ninja", "pytest", "hypothesis", "matplotlib", "setuptools")
                if importlib.util.find_spec(m) is None))
 PYEOF
 )
