@@ -10,6 +10,7 @@ import re
 import sys
 
 LAYERS = ["python", "convert", "ring", "copy", "tensor", "ops", "bindings"]
+SOURCES = (".h", ".cpp", ".cu", ".cuh")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^/"]+)/[^"]+"', re.M)
 
 
@@ -18,12 +19,13 @@ def upward_includes(csrc):
     found = []
     for folder in sorted(os.listdir(csrc)):
         path = os.path.join(csrc, folder)
-        if not os.path.isdir(path):
+        sources = [n for n in os.listdir(path) if n.endswith(SOURCES)] if os.path.isdir(path) else []
+        if not sources:  # not a folder, or one left empty (it includes nothing)
             continue
         if folder not in LAYERS:
             found.append((path, "<a folder not in the layer list>"))
             continue
-        for name in sorted(os.listdir(path)):
+        for name in sorted(sources):
             with open(os.path.join(path, name), encoding="utf-8") as f:
                 for included in INCLUDE.findall(f.read()):
                     if included not in LAYERS or LAYERS.index(included) > LAYERS.index(folder):

@@ -12,8 +12,9 @@ import subprocess
 import sys
 
 import pytest
+import support
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(support.ROOT)
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.M | re.S)
 NEEDS = {"": None, "gpu": "cuda", "sglang": "sglang", "vllm": "vllm"}
