@@ -11,7 +11,7 @@ import pinstage
 from pinstage._api import Device
 
 # (name, one value per request, dtype): a field as stage_fields stages it.
-Field = Tuple[str, Sequence[Any], torch.dtype]
+NamedValues = Tuple[str, Sequence[Any], torch.dtype]
 
 
 def is_int(value: object) -> bool:
@@ -66,7 +66,7 @@ def _raise_first_invalid(
     raise AssertionError(f"{field}: the batch check failed but no request fails it")
 
 
-def stage_fields(fields: Sequence[Field], stream: Optional[torch.cuda.Stream], device: Device) -> List[torch.Tensor]:
+def stage_fields(fields: Sequence[NamedValues], stream: Optional[torch.cuda.Stream], device: Device) -> List[torch.Tensor]:
     """fields: [(name, values, dtype)] with one value per request. Stages them together (one
     stage_many: one ring region, one copy); when a value cannot be converted, re-raises the error
     naming the request and the field."""

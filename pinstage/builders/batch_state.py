@@ -38,13 +38,17 @@ _COLUMNS: Dict[str, Tuple[type, Tuple[int, ...]]] = {
     "penalties": (np.float32, (3,)),  # frequency, presence, repetition
     # Per request, from its Python values (as the list builders see them): sampling_flags, then
     # "some penalty set". Their sums are the batch's counters.
-    "flags": (np.bool_, (5,)),
+    "flags": (np.bool_, (5,)),  # see _FLAGS
 }
 _INT64 = (-(2**63), 2**63 - 1)
 # Slots of the batch: ints (a list, a numpy array or a CPU tensor).
 Slots = Union[Sequence[int], npt.NDArray[np.integer[Any]], torch.Tensor]
 _MASK_HINT = " (a boolean mask is not accepted: pass np.flatnonzero(mask))"
 
+
+# The flags column, in sampling_flags' order and then the penalties: a request's contribution to
+# is_all_greedy, need_top_p, need_top_k, need_min_p and need_penalties.
+_FLAGS = _GREEDY, _TOP_P, _TOP_K, _MIN_P, _PENALTIES = range(5)
 
 class BatchState:
     """The requests of a running batch, one row ("slot") each, in batch order.
@@ -69,7 +73,7 @@ class BatchState:
             name: np.zeros((max(1, capacity),) + row, dtype) for name, (dtype, row) in _COLUMNS.items()
         }
         self.requests: List[BatchRequest] = []
-        self._counts = np.zeros(5, dtype=np.int64)  # the flags column summed over the batch
+        self._flag_counts = np.zeros(len(_FLAGS), dtype=np.int64)  # the flags column summed over the batch
         # The sampling tensors change only with membership: staged once per membership version
         # (and per seeds / device / stream asked for), not every step. vLLM's InputBatch does the same.
         self._version = 0
@@ -119,7 +123,7 @@ class BatchState:
         c["penalties"][slot] = penalties
         flags = sampling_flags(params.top_p, params.top_k, params.top_k, params.min_p) + (penalties != NO_PENALTIES,)
         c["flags"][slot] = flags
-        self._counts += flags
+        self._flag_counts += flags
         self.requests.append(request)
         self._size = slot + 1
         self._version += 1
@@ -136,7 +140,7 @@ class BatchState:
         kept[keep] = True
         if int(kept.sum()) != keep.size:
             raise ValueError("BatchState.filter: keep lists a slot more than once")
-        self._counts -= self._cols["flags"][:n][~kept].sum(axis=0)
+        self._flag_counts -= self._cols["flags"][:n][~kept].sum(axis=0)
         for col in self._cols.values():
             col[: keep.size] = col[keep]  # fancy indexing copies first, so overlapping moves are safe
         self.requests = [self.requests[i] for i in keep.tolist()]
@@ -185,7 +189,7 @@ class BatchState:
         self._reserve(n + m)
         for name, col in self._cols.items():
             col[n : n + m] = other._cols[name][:m]
-        self._counts += other._counts
+        self._flag_counts += other._flag_counts
         self.requests.extend(other.requests)
         self._size = n + m
         self._version += 1
@@ -217,23 +221,23 @@ class BatchState:
 
     @property
     def is_all_greedy(self) -> bool:
-        return bool(self._counts[0] == self._size)
+        return bool(self._flag_counts[_GREEDY] == self._size)
 
     @property
     def need_top_p(self) -> bool:
-        return bool(self._counts[1] > 0)
+        return bool(self._flag_counts[_TOP_P] > 0)
 
     @property
     def need_top_k(self) -> bool:
-        return bool(self._counts[2] > 0)
+        return bool(self._flag_counts[_TOP_K] > 0)
 
     @property
     def need_min_p(self) -> bool:
-        return bool(self._counts[3] > 0)
+        return bool(self._flag_counts[_MIN_P] > 0)
 
     @property
     def need_penalties(self) -> bool:
-        return bool(self._counts[4] > 0)
+        return bool(self._flag_counts[_PENALTIES] > 0)
 
     # ----------------------------------------------------------------------------- per step
 

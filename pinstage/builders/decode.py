@@ -7,7 +7,7 @@ import torch
 
 from pinstage._api import Device
 
-from ._checks import Field, checked_bounds, stage_fields
+from ._checks import NamedValues, checked_bounds, stage_fields
 from ._fields import TOKEN_FIELDS, checked_list, missing_field, pool_rows
 from .protocols import DecodeRequest, TokenHistory
 
@@ -57,7 +57,7 @@ def build_decode_inputs(
     return DecodeInputs(*stage_fields(decode_fields(requests), stream, device))
 
 
-def decode_fields(requests: Sequence[DecodeRequest]) -> List[Field]:
+def decode_fields(requests: Sequence[DecodeRequest]) -> List[NamedValues]:
     """build_decode_inputs's host values, validated: (name, one value per request, dtype) fields in
     DecodeInputs's order."""
     ids = last_token_ids(requests, "build_decode_inputs")

@@ -8,7 +8,7 @@ import torch
 
 from pinstage._api import Device
 
-from ._checks import Field, checked_bounds, stage_fields
+from ._checks import NamedValues, checked_bounds, stage_fields
 from ._fields import checked_list, missing_field, penalty_row
 from .protocols import SamplingFields
 from .requests import NO_PENALTIES, SAMPLING_FIELDS, SAMPLING_RULES, TOP_K_ALL
@@ -81,7 +81,7 @@ def build_sampling_batch(
 
 def sampling_fields(
     params: Sequence[SamplingFields], enable_deterministic_sampling: bool = False
-) -> Tuple[List[Field], Callable[[Sequence[torch.Tensor]], SamplingBatch]]:
+) -> Tuple[List[NamedValues], Callable[[Sequence[torch.Tensor]], SamplingBatch]]:
     """build_sampling_batch's host values, validated, as (name, one value per request, dtype)
     fields, and the function that makes the SamplingBatch of their tensors (staged in that order)."""
     params = checked_list("build_sampling_batch", params, "sampling parameters")
@@ -111,7 +111,7 @@ def sampling_fields(
         need_penalties = False
         flags = (True, False, False, False)
 
-    fields: List[Field] = [
+    fields: List[NamedValues] = [
         ("temperature", temperatures, torch.float32),
         ("top_p", top_ps, torch.float32),
         ("top_k", top_ks, torch.int32),

@@ -18,7 +18,7 @@ def make_write_cache_indices(sglang_write_cache_indices, table_write):
     def write_cache_indices(out_cache_loc, req_pool_indices_tensor, req_pool_indices_cpu, prefix_lens_tensor,
                             prefix_lens_cpu, seq_lens_tensor, seq_lens_cpu, extend_lens_tensor, extend_lens_cpu,
                             prefix_tensors, req_to_token_pool):
-        def sglangs():
+        def sglang_own():
             return sglang_write_cache_indices(
                 out_cache_loc, req_pool_indices_tensor, req_pool_indices_cpu, prefix_lens_tensor, prefix_lens_cpu,
                 seq_lens_tensor, seq_lens_cpu, extend_lens_tensor, extend_lens_cpu, prefix_tensors,
@@ -27,7 +27,7 @@ def make_write_cache_indices(sglang_write_cache_indices, table_write):
         table = req_to_token_pool.req_to_token
         if type(req_to_token_pool).write is not table_write or table.dtype != torch.int32 \
                 or out_cache_loc.dtype != torch.int64:
-            return sglangs()
+            return sglang_own()
         # The requests without a cached prefix share SGLang's one empty CPU tensor, which the op
         # accepts (it is never read). A prefix tensor of another dtype is refused (TypeError) before
         # anything is written: SGLang's function then does it its way. The op checks every entry in
@@ -36,7 +36,7 @@ def make_write_cache_indices(sglang_write_cache_indices, table_write):
             pinstage_write_cache_indices(table, req_pool_indices_cpu, prefix_tensors, prefix_lens_cpu, seq_lens_cpu,
                                          extend_lens_cpu, out_cache_loc)
         except TypeError:
-            return sglangs()
+            return sglang_own()
         return None
 
     return write_cache_indices

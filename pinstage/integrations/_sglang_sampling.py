@@ -13,7 +13,7 @@ import torch
 
 import pinstage
 from pinstage.builders.sampling import DEFAULT_SAMPLING_SEED, sampling_flags
-_SAMPLING = operator.attrgetter("temperature", "top_p", "top_k", "min_p")
+_SAMPLING_VALUES = operator.attrgetter("temperature", "top_p", "top_k", "min_p")
 _PARAMS = operator.attrgetter("sampling_params")
 _MASK = operator.attrgetter("return_sampling_mask")
 _BIAS = operator.attrgetter("logit_bias")
@@ -46,7 +46,7 @@ def make_from_schedule_batch(sglang_from_schedule_batch, module):
         ):
             return sglang_from_schedule_batch(cls, batch, vocab_size)
 
-        temperatures, top_ps, top_ks, min_ps = zip(*map(_SAMPLING, params)) if n else ((), (), (), ())
+        temperatures, top_ps, top_ks, min_ps = zip(*map(_SAMPLING_VALUES, params)) if n else ((), (), (), ())
         items = [(temperatures, torch.float32), (top_ps, torch.float32), (top_ks, torch.int32),
                  (min_ps, torch.float32)]
         deterministic = settings.deterministic.enable_deterministic_inference

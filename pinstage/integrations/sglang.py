@@ -39,7 +39,7 @@ _REWRITTEN = (
     ("sglang.srt.managers.schedule_batch", "ScheduleBatch", "cumulate_penalty_output_tokens", 1),
     ("sglang.srt.layers.logits_processor", "LogitsProcessor", "_get_pruned_states", 2),
 )
-_SAMPLING = "sglang.srt.sampling.sampling_batch_info"
+_SAMPLING_BATCH_INFO = "sglang.srt.sampling.sampling_batch_info"
 _ALLOCATION = "sglang.srt.mem_cache.allocation"
 _POOL = "sglang.srt.mem_cache.memory_pool"
 
@@ -104,7 +104,7 @@ def _replacements():
         owner = getattr(importlib.import_module(module_name), class_name)
         out.append((owner, attribute, with_staged_copies(owner.__dict__[attribute], sites)))
 
-    sampling = importlib.import_module(_SAMPLING)
+    sampling = importlib.import_module(_SAMPLING_BATCH_INFO)
     info = sampling.SamplingBatchInfo
     out.append((info, "from_schedule_batch",
                 make_from_schedule_batch(info.__dict__["from_schedule_batch"].__func__, sampling)))
