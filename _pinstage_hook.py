@@ -7,6 +7,7 @@ process imports them all), it calls pinstage.integrations.sglang.enable() there.
 children that SGLang spawns enable it themselves, which an enable() in the launching process cannot
 do. This module imports neither torch nor pinstage until then.
 """
+
 import importlib.abc
 import os
 import sys
@@ -14,13 +15,15 @@ import warnings
 
 SWITCH = "PINSTAGE_SGLANG"
 # The modules pinstage.integrations.sglang patches (a test keeps this list equal to its own).
-MODULES = frozenset((
-    "sglang.srt.managers.schedule_batch",
-    "sglang.srt.layers.logits_processor",
-    "sglang.srt.sampling.sampling_batch_info",
-    "sglang.srt.mem_cache.allocation",
-    "sglang.srt.mem_cache.memory_pool",
-))
+MODULES = frozenset(
+    (
+        "sglang.srt.managers.schedule_batch",
+        "sglang.srt.layers.logits_processor",
+        "sglang.srt.sampling.sampling_batch_info",
+        "sglang.srt.mem_cache.allocation",
+        "sglang.srt.mem_cache.memory_pool",
+    )
+)
 
 
 def switched_on():
@@ -72,8 +75,11 @@ class _Watcher(importlib.abc.MetaPathFinder):
 
             sglang.enable()
         except Exception as exc:  # SGLang runs as shipped rather than not at all
-            warnings.warn("%s is set but pinstage's SGLang integration stays off: %s" % (SWITCH, exc),
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                "%s is set but pinstage's SGLang integration stays off: %s" % (SWITCH, exc),
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
 
 def install():

@@ -10,6 +10,7 @@ to the CPU. It says in one line which one it builds and why. Knobs (environment)
   TORCH_CUDA_ARCH_LIST     GPU architectures; default without a visible GPU: "8.0;9.0+PTX"
   MAX_JOBS                 parallel compile jobs
 """
+
 import glob
 import os
 import sys
@@ -23,9 +24,11 @@ except ModuleNotFoundError as exc:
     if (exc.name or "").split(".")[0] != "torch":
         raise
     # pip's --no-build-isolation uses the Python it runs in; the extension links against its torch.
-    sys.exit("pinstage setup: torch must be installed first: pinstage's extension is compiled against the torch of "
-             "the Python that builds it (%s), which has none. Install torch (e.g. `%s -m pip install torch`), then "
-             "`pip install --no-build-isolation .` again." % (sys.executable, sys.executable))
+    sys.exit(
+        "pinstage setup: torch must be installed first: pinstage's extension is compiled against the torch of "
+        "the Python that builds it (%s), which has none. Install torch (e.g. `%s -m pip install torch`), then "
+        "`pip install --no-build-isolation .` again." % (sys.executable, sys.executable)
+    )
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join(ROOT, "csrc")
@@ -43,8 +46,10 @@ def _usable_cuda_home():
     """The toolkit to build with: CUDA_HOME, torch's guess, or /usr/local/cuda, whichever has the
     runtime headers and nvcc (torch guesses from `nvcc` on PATH, which may be a wrapper elsewhere)."""
     for home in (os.environ.get("CUDA_HOME"), cpp_extension.CUDA_HOME, "/usr/local/cuda"):
-        if home and os.path.isfile(os.path.join(home, "include", "cuda_runtime_api.h")) and os.path.isfile(
-            os.path.join(home, "bin", "nvcc")
+        if (
+            home
+            and os.path.isfile(os.path.join(home, "include", "cuda_runtime_api.h"))
+            and os.path.isfile(os.path.join(home, "bin", "nvcc"))
         ):
             return home
     return None
@@ -59,16 +64,21 @@ def _want_cuda():
     home = _usable_cuda_home()
     forced = _flag("PINSTAGE_FORCE_CUDA")
     if torch.version.cuda is None or home is None:
-        reason = ("torch %s has no CUDA" % torch.__version__ if torch.version.cuda is None else
-                  "no CUDA toolkit with headers was found (looked at CUDA_HOME=%r, %r and /usr/local/cuda; set "
-                  "CUDA_HOME to the toolkit's folder)" % (os.environ.get("CUDA_HOME"), cpp_extension.CUDA_HOME))
+        reason = (
+            "torch %s has no CUDA" % torch.__version__
+            if torch.version.cuda is None
+            else "no CUDA toolkit with headers was found (looked at CUDA_HOME=%r, %r and /usr/local/cuda; set "
+            "CUDA_HOME to the toolkit's folder)" % (os.environ.get("CUDA_HOME"), cpp_extension.CUDA_HOME)
+        )
         if forced:
             raise RuntimeError("pinstage setup: PINSTAGE_FORCE_CUDA=1 but " + reason)
         _say("building the CPU-only extension: " + reason)
         return False
     if not forced and not torch.cuda.is_available():
-        _say("building the CPU-only extension: no GPU is visible (PINSTAGE_FORCE_CUDA=1 builds CUDA anyway, with "
-             "the toolkit at %s)" % home)
+        _say(
+            "building the CPU-only extension: no GPU is visible (PINSTAGE_FORCE_CUDA=1 builds CUDA anyway, with "
+            "the toolkit at %s)" % home
+        )
         return False
     os.environ["CUDA_HOME"] = home
     cpp_extension.CUDA_HOME = home
@@ -86,8 +96,9 @@ def _extension():
         cxx_flags = ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined"]
         link_flags = ["-fsanitize=address,undefined"]
     if not with_cuda:
-        return cpp_extension.CppExtension("pinstage._C", cpp, include_dirs=[CSRC],
-                                          extra_compile_args={"cxx": cxx_flags}, extra_link_args=link_flags)
+        return cpp_extension.CppExtension(
+            "pinstage._C", cpp, include_dirs=[CSRC], extra_compile_args={"cxx": cxx_flags}, extra_link_args=link_flags
+        )
     import torch
 
     if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():

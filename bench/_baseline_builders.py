@@ -1,10 +1,11 @@
 """pinstage.builders' results, copied the ways engines copy today (_baselines.stage: "pinned" or
 "blocking"): the same validated host values the builders stage in one copy, so that a timing
 differs in the copy alone. For the benchmarks (bench/builders.py, bench/decode_loop.py)."""
+
 import numpy as np
 import torch
-
 from _baselines import stage
+
 from pinstage.builders import DecodeInputs, LogprobIndices
 from pinstage.builders.decode import decode_fields, last_token_ids
 from pinstage.builders.logits import logprob_index_tensors
@@ -34,8 +35,9 @@ def build_logprob_indices(extend_seq_lens, extend_logprob_start_lens, copy, devi
     return LogprobIndices(*stage([(t, torch.int64) for t in tensors], copy, device))
 
 
-def write_cache_indices(req_to_token, req_pool_indices, prefix_tensors, prefix_lens, seq_lens, extend_lens,
-                        out_cache_loc, copy):
+def write_cache_indices(
+    req_to_token, req_pool_indices, prefix_tensors, prefix_lens, seq_lens, extend_lens, out_cache_loc, copy
+):
     """The per-request values and each request's offset in out_cache_loc (planned with numpy) copied
     to req_to_token's device, then pinstage's op reads them there. The kernel skips a request whose
     device values are out of bounds, and nothing here checks them: valid batches only."""
@@ -43,7 +45,7 @@ def write_cache_indices(req_to_token, req_pool_indices, prefix_tensors, prefix_l
     offsets = np.zeros_like(extend)
     np.cumsum(extend[:-1], out=offsets[1:])
     columns = [np.asarray(v, dtype=np.int64) for v in (req_pool_indices, prefix_lens, seq_lens)]
-    rows, prefixes, lengths, offsets = stage([(v, torch.int64) for v in (*columns, offsets)], copy,
-                                             req_to_token.device)
-    torch.ops.pinstage.write_cache_indices(req_to_token, rows, list(prefix_tensors), prefixes, lengths, offsets,
-                                           out_cache_loc)
+    rows, prefixes, lengths, offsets = stage([(v, torch.int64) for v in (*columns, offsets)], copy, req_to_token.device)
+    torch.ops.pinstage.write_cache_indices(
+        req_to_token, rows, list(prefix_tensors), prefixes, lengths, offsets, out_cache_loc
+    )

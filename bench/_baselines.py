@@ -1,4 +1,5 @@
 """The ways engines copy host state to the device today, as the benchmarks time them beside pinstage."""
+
 import numpy as np
 import torch
 
@@ -20,8 +21,9 @@ def stage(items, copy, device):
     if device.type == "cpu":
         return [torch.as_tensor(values, dtype=dtype).clone() for values, dtype in items]
     if copy == "pinned":
-        return [torch.as_tensor(values, dtype=dtype).pin_memory().to(device, non_blocking=True)
-                for values, dtype in items]
+        return [
+            torch.as_tensor(values, dtype=dtype).pin_memory().to(device, non_blocking=True) for values, dtype in items
+        ]
     return [torch.as_tensor(values, dtype=dtype).to(device) for values, dtype in items]
 
 
@@ -93,7 +95,7 @@ class PackedPinnedBuffer:
         for name, view in zip(inputs.names, views):
             start = view.data_ptr() - base
             dtype = torch.empty(0, dtype=view.dtype).numpy().dtype
-            self.columns[name] = host[start:start + view.nbytes].view(dtype).reshape(view.shape)
+            self.columns[name] = host[start : start + view.nbytes].view(dtype).reshape(view.shape)
         self.fills = {name: fills[name] for name in inputs.names}
         last = views[-1]
         self.last_start, self.last_row_bytes = last.data_ptr() - base, last.nbytes // len(last)

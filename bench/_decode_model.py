@@ -1,11 +1,12 @@
 """The decode loop's device side: a small decoder over a KV cache, its sampler, and the decode step
 (forward, logits, sampler) captured in a CUDA graph per batch-size bucket over static inputs that
 every backend of the loop fills its own way."""
+
 import torch
 import torch.nn.functional as F
+from _baselines import allocation_bytes
 
 import pinstage
-from _baselines import allocation_bytes
 from pinstage.builders import TOP_K_ALL
 
 
@@ -24,8 +25,9 @@ class TinyDecoder:
 
         self.cfg, self.device, self.dtype = cfg, device, dt
         self.embed = w(cfg.vocab, d, scale=1.0)
-        self.layers = [dict(qkv=w(d, 3 * d), out=w(d, d), up=w(d, 4 * d), down=w(4 * d, d))
-                       for _ in range(cfg.n_layers)]
+        self.layers = [
+            dict(qkv=w(d, 3 * d), out=w(d, d), up=w(d, 4 * d), down=w(4 * d, d)) for _ in range(cfg.n_layers)
+        ]
         self.lm_head = w(d, cfg.vocab)
         self.rows = 2 * cfg.batch_size + 8  # request rows; then the shared prefix's row and a padding row
         self.prefix_row, self.pad_row = self.rows, self.rows + 1
@@ -139,6 +141,7 @@ class SamplerInputs:
 
 # ------------------------------------------------------------------------------------ static inputs
 
+
 def static_fields(model):
     """The decode graph's per-step inputs: name -> (dtype, fill). Rows past the batch hold the fill
     value: the padding row's address (so that a bucket's padding rows write only the padding row's
@@ -165,8 +168,9 @@ ADDRESS_FIELDS = ("seq_lens", "req_pool_indices", "out_cache_loc")
 
 def make_static_inputs(fields, max_bs, device):
     """pinstage.StaticInputs over `fields` (name -> (dtype, fill)): one allocation, a view per field."""
-    return pinstage.StaticInputs({name: pinstage.Field(dt, (), fill) for name, (dt, fill) in fields.items()},
-                                 max_bs=max_bs, device=device)
+    return pinstage.StaticInputs(
+        {name: pinstage.Field(dt, (), fill) for name, (dt, fill) in fields.items()}, max_bs=max_bs, device=device
+    )
 
 
 class Snapshot:
@@ -182,11 +186,17 @@ class Snapshot:
 
 def sampler_inputs(views):
     """SamplerInputs over a dict of static views."""
-    return SamplerInputs(views["temperatures"], views["top_ps"], views["top_ks"], views["min_ps"],
-                         (views["frequency_penalties"], views["presence_penalties"], views["repetition_penalties"]))
+    return SamplerInputs(
+        views["temperatures"],
+        views["top_ps"],
+        views["top_ks"],
+        views["min_ps"],
+        (views["frequency_penalties"], views["presence_penalties"], views["repetition_penalties"]),
+    )
 
 
 # ------------------------------------------------------------------------------------------ graphs
+
 
 class DecodeGraphs:
     """The decode step (forward, logits, sampler) per batch-size bucket, reading the static inputs

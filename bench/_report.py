@@ -1,4 +1,5 @@
 """What the benchmarks print and write: machine description, tables, checks, JSON and plots."""
+
 import datetime
 import json
 import os
@@ -101,8 +102,9 @@ def _title(meta):
     return "%s, torch %s" % (meta.get("gpu") or "CPU only (%s)" % meta.get("cpu"), meta.get("torch"))
 
 
-def plot_panels(path, panels, meta, *, xlabel, ylabel="host us per call", title="", panel_width=5.0, dashed=(),
-                yscale="log"):
+def plot_panels(
+    path, panels, meta, *, xlabel, ylabel="host us per call", title="", panel_width=5.0, dashed=(), yscale="log"
+):
     """panels: [(panel title, {line label: [(x, y), ...]})]: one panel each (log x, `yscale` y), a
     line per label (dashed for the labels in `dashed`), the machine in the figure's title."""
     plt = _pyplot()
@@ -114,9 +116,13 @@ def plot_panels(path, panels, meta, *, xlabel, ylabel="host us per call", title=
     for ax, (panel_title, lines) in zip(axes[0], panels):
         for label, points in lines.items():
             if points:
-                (handles[label],) = ax.plot(*zip(*sorted(points)), marker="o", label=label,
-                                            color="C%d" % labels.index(label),
-                                            linestyle="--" if label in dashed else "-")
+                (handles[label],) = ax.plot(
+                    *zip(*sorted(points)),
+                    marker="o",
+                    label=label,
+                    color="C%d" % labels.index(label),
+                    linestyle="--" if label in dashed else "-",
+                )
         ax.set_xscale("log")
         ax.set_yscale(yscale)
         ax.set_title(panel_title, fontsize=9)

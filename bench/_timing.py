@@ -5,6 +5,7 @@ next step), so everything here is perf_counter_ns around a loop of calls, never 
 sample is one loop of `n` calls; several samples are taken and the median reported, which is robust
 to the odd scheduler hiccup or page fault that a mean would absorb.
 """
+
 import gc
 import statistics
 import time

@@ -20,6 +20,7 @@ busy kernel: "blocking" shows its conversion cost but not the wait it adds under
 GPU it runs on the CPU (device="cpu"), where "pinned" is a plain torch.tensor and the ratios say
 nothing about staging; the output says so.
 """
+
 import argparse
 import os
 import random
@@ -32,13 +33,22 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
+import _baseline_builders as baseline  # noqa: E402
 import _report  # noqa: E402
 import _timing  # noqa: E402
-import _baseline_builders as baseline  # noqa: E402
 from _baselines import CpuGpuBuffer, pinned_tensor  # noqa: E402
+
 from pinstage.builders import (  # noqa: E402
-    BatchState, DecodeInputs, Request, SamplingBatch, SamplingParams, build_decode_inputs, build_logprob_indices,
-    build_penalty_last_token_ids, build_sampling_batch, write_cache_indices,
+    BatchState,
+    DecodeInputs,
+    Request,
+    SamplingBatch,
+    SamplingParams,
+    build_decode_inputs,
+    build_logprob_indices,
+    build_penalty_last_token_ids,
+    build_sampling_batch,
+    write_cache_indices,
 )
 
 METHODS = ["batch_state", "vllm_state", "sglang_state", "list", "pinned", "blocking"]
@@ -51,8 +61,14 @@ METHOD_TITLES = {
     "blocking": "requests, blocking torch.tensor",
 }
 # Table headers, short enough for a 120-column terminal (the legend under the table spells them out).
-METHOD_HEADERS = {"batch_state": "S-pinstage", "vllm_state": "S-vLLM", "sglang_state": "S-SGLang",
-                  "list": "R-pinstage", "pinned": "R-pinned", "blocking": "R-blocking"}
+METHOD_HEADERS = {
+    "batch_state": "S-pinstage",
+    "vllm_state": "S-vLLM",
+    "sglang_state": "S-SGLang",
+    "list": "R-pinstage",
+    "pinned": "R-pinned",
+    "blocking": "R-blocking",
+}
 BUILDER_TITLES = {"penalty_last_token_ids": "penalty_ids", "logits": "logits*"}
 PANEL_TITLES = {"logits": "logits (numpy state, pinstage: the list builder fed numpy)"}
 # Checks (ratios within one run, on a GPU).
@@ -103,8 +119,14 @@ def cache_batch(rng, bs, device):
 STATE_FIELDS = {
     "decode_inputs": [("last_token_ids", torch.int64), ("seq_lens", torch.int64), ("req_pool_indices", torch.int64)],
     "penalty_last_token_ids": [("last_token_ids", torch.int64)],
-    "sampling": [("temperatures", torch.float32), ("top_ps", torch.float32), ("top_ks", torch.int32),
-                 ("min_ps", torch.float32), ("seeds", torch.int64), ("penalties", torch.float32)],
+    "sampling": [
+        ("temperatures", torch.float32),
+        ("top_ps", torch.float32),
+        ("top_ks", torch.int32),
+        ("min_ps", torch.float32),
+        ("seeds", torch.int64),
+        ("penalties", torch.float32),
+    ],
 }
 
 
@@ -159,35 +181,47 @@ def builder_calls(rng, bs, device):
 
     def by_copy(pinstage_call, baseline_call):
         """The list builder's methods: pinstage's builder, and the same values copied the engines' ways."""
-        return {"list": pinstage_call, "pinned": lambda: baseline_call("pinned"),
-                "blocking": lambda: baseline_call("blocking")}
+        return {
+            "list": pinstage_call,
+            "pinned": lambda: baseline_call("pinned"),
+            "blocking": lambda: baseline_call("blocking"),
+        }
 
     calls = {
         "decode_inputs": dict(
             batch_state=lambda: state.decode_inputs(device=device),
             **numpy_state_calls(state, "decode_inputs", device),
-            **by_copy(lambda: build_decode_inputs(requests, device=device),
-                      lambda c: baseline.build_decode_inputs(requests, c, device)),
+            **by_copy(
+                lambda: build_decode_inputs(requests, device=device),
+                lambda c: baseline.build_decode_inputs(requests, c, device),
+            ),
         ),
         "penalty_last_token_ids": dict(
             batch_state=lambda: state.penalty_last_token_ids(device=device),
             **numpy_state_calls(state, "penalty_last_token_ids", device),
-            **by_copy(lambda: build_penalty_last_token_ids(requests, device=device),
-                      lambda c: baseline.build_penalty_last_token_ids(requests, c, device)),
+            **by_copy(
+                lambda: build_penalty_last_token_ids(requests, device=device),
+                lambda c: baseline.build_penalty_last_token_ids(requests, c, device),
+            ),
         ),
         "sampling": dict(
             batch_state=lambda: restaged_sampling(state, device),
             **numpy_state_calls(state, "sampling", device),
-            **by_copy(lambda: build_sampling_batch(params, enable_deterministic_sampling=True, device=device),
-                      lambda c: baseline.build_sampling_batch(params, c, device, enable_deterministic_sampling=True)),
+            **by_copy(
+                lambda: build_sampling_batch(params, enable_deterministic_sampling=True, device=device),
+                lambda c: baseline.build_sampling_batch(params, c, device, enable_deterministic_sampling=True),
+            ),
         ),
         "logits": dict(
             batch_state=lambda: build_logprob_indices(lens_np, starts_np, device=device),
-            **by_copy(lambda: build_logprob_indices(lens, starts, device=device),
-                      lambda c: baseline.build_logprob_indices(lens, starts, c, device)),
+            **by_copy(
+                lambda: build_logprob_indices(lens, starts, device=device),
+                lambda c: baseline.build_logprob_indices(lens, starts, c, device),
+            ),
         ),
-        "write_cache_indices": by_copy(lambda: write_cache_indices(*cache_args),
-                                       lambda c: baseline.write_cache_indices(*cache_args, c)),
+        "write_cache_indices": by_copy(
+            lambda: write_cache_indices(*cache_args), lambda c: baseline.write_cache_indices(*cache_args, c)
+        ),
     }
     for builder, methods in calls.items():
         if builder in STATE_FIELDS:
@@ -209,16 +243,34 @@ def checks(rows, on_gpu):
             continue
         if "batch_state" in r256["us"]:
             ratio = r256["us"]["batch_state"] / r256["us"]["pinned"]
-            out.append(_report.check(f"{builder} bs 256: batch state / pinned host time", ratio,
-                                     f"<= {STATE_OVER_PINNED_AT_256:.2f}", ratio <= STATE_OVER_PINNED_AT_256))
+            out.append(
+                _report.check(
+                    f"{builder} bs 256: batch state / pinned host time",
+                    ratio,
+                    f"<= {STATE_OVER_PINNED_AT_256:.2f}",
+                    ratio <= STATE_OVER_PINNED_AT_256,
+                )
+            )
             r1, r1024 = by.get((builder, 1)), by.get((builder, 1024))
             if r1 and r1024:
                 growth = r1024["us"]["batch_state"] / r1["us"]["batch_state"]
-                out.append(_report.check(f"{builder}: batch state bs 1024 / bs 1", growth,
-                                         f"<= {STATE_1024_OVER_1:g}", growth <= STATE_1024_OVER_1))
+                out.append(
+                    _report.check(
+                        f"{builder}: batch state bs 1024 / bs 1",
+                        growth,
+                        f"<= {STATE_1024_OVER_1:g}",
+                        growth <= STATE_1024_OVER_1,
+                    )
+                )
         ratio = r256["us"]["pinned"] / r256["us"]["list"]
-        out.append(_report.check(f"{builder} bs 256: pinned / list-of-requests host time", ratio,
-                                 f">= {PINNED_OVER_LIST_AT_256:g}", ratio >= PINNED_OVER_LIST_AT_256))
+        out.append(
+            _report.check(
+                f"{builder} bs 256: pinned / list-of-requests host time",
+                ratio,
+                f">= {PINNED_OVER_LIST_AT_256:g}",
+                ratio >= PINNED_OVER_LIST_AT_256,
+            )
+        )
     return out
 
 
@@ -235,8 +287,10 @@ def print_table(rows, repeats):
     print("S-: numpy state (BatchState's columns), R-: request objects (a Python gather each call):")
     for m in METHODS:
         print(f"  {METHOD_HEADERS[m]:<10} {METHOD_TITLES[m]}")
-    print("layout = R-pinned / S-SGLang: what the numpy state buys, with the same copies;\n"
-          "ring = S-SGLang / S-pinstage: what pinstage buys on the same numpy state.")
+    print(
+        "layout = R-pinned / S-SGLang: what the numpy state buys, with the same copies;\n"
+        "ring = S-SGLang / S-pinstage: what pinstage buys on the same numpy state."
+    )
     print("* logits has no batch state: its S-pinstage column is the list builder fed numpy arrays.")
 
 
@@ -249,33 +303,64 @@ def main():
     on_gpu = torch.cuda.is_available()
     device = "cuda" if on_gpu else "cpu"
     meta = _report.machine_meta()
-    print(f"Builders: host microseconds per call on {meta['gpu'] or meta['cpu']} (device={device}, torch "
-          f"{meta['torch']})")
+    print(
+        f"Builders: host microseconds per call on {meta['gpu'] or meta['cpu']} (device={device}, torch {meta['torch']})"
+    )
     if not on_gpu:
-        print("No GPU: this ran on the CPU, where 'pinned' is a plain torch.tensor; the ratios do not measure\n"
-              "staging. Run on a GPU for the figures that count.")
+        print(
+            "No GPU: this ran on the CPU, where 'pinned' is a plain torch.tensor; the ratios do not measure\n"
+            "staging. Run on a GPU for the figures that count."
+        )
 
     rows = []
     sizes = [int(s) for s in args.sizes.split(",")]
     for bs in sizes:
         for builder, calls in builder_calls(random.Random(bs), bs, device).items():
             stats = _timing.interleaved(calls, args.repeats, args.sample_ms)
-            rows.append(dict(builder=builder, bs=bs, us={m: s["median_us"] for m, s in stats.items()},
-                             spread={m: [s["min_us"], s["max_us"]] for m, s in stats.items()}))
+            rows.append(
+                dict(
+                    builder=builder,
+                    bs=bs,
+                    us={m: s["median_us"] for m, s in stats.items()},
+                    spread={m: [s["min_us"], s["max_us"]] for m, s in stats.items()},
+                )
+            )
             print(f"  measured {builder} bs {bs}", file=sys.stderr, flush=True)
 
     print_table(rows, args.repeats)
     found = checks(rows, on_gpu)
     _report.print_checks(found)
     if args.json:
-        _report.write_json(args.json, dict(meta=meta, device=device, repeats=args.repeats, sample_ms=args.sample_ms,
-                                           methods=METHOD_TITLES, results=rows, checks=found))
-        panels = [(PANEL_TITLES.get(builder, builder),
-                   {METHOD_TITLES[m]: [(r["bs"], r["us"][m]) for r in rows if r["builder"] == builder and m in r["us"]]
-                    for m in METHODS})
-                  for builder in sorted({r["builder"] for r in rows})]
-        _report.plot_panels(os.path.splitext(args.json)[0] + ".png", panels, meta, xlabel="batch size",
-                            title="Builders: host time per call", panel_width=4)
+        _report.write_json(
+            args.json,
+            dict(
+                meta=meta,
+                device=device,
+                repeats=args.repeats,
+                sample_ms=args.sample_ms,
+                methods=METHOD_TITLES,
+                results=rows,
+                checks=found,
+            ),
+        )
+        panels = [
+            (
+                PANEL_TITLES.get(builder, builder),
+                {
+                    METHOD_TITLES[m]: [(r["bs"], r["us"][m]) for r in rows if r["builder"] == builder and m in r["us"]]
+                    for m in METHODS
+                },
+            )
+            for builder in sorted({r["builder"] for r in rows})
+        ]
+        _report.plot_panels(
+            os.path.splitext(args.json)[0] + ".png",
+            panels,
+            meta,
+            xlabel="batch size",
+            title="Builders: host time per call",
+            panel_width=4,
+        )
 
 
 if __name__ == "__main__":

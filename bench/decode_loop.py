@@ -40,6 +40,7 @@ order rotated between rounds; medians and min-max are reported, and the gains of
 the ring's cost against the unguarded single copy). Every backend must generate the same tokens
 (asserted; the unsafe baselines' differences are counted, as their races may show).
 """
+
 import argparse
 import dataclasses
 import os
@@ -58,12 +59,23 @@ sys.path.insert(0, os.path.dirname(HERE))
 import _baseline_builders as baseline  # noqa: E402
 import _report  # noqa: E402
 from _baselines import CpuGpuBuffer, PackedPinnedBuffer, pinned_host, stage  # noqa: E402
-import pinstage  # noqa: E402
 from _decode_model import (  # noqa: E402
-    DecodeGraphs, SamplerInputs, Snapshot, TinyDecoder, sample, sleep_cycles_per_us,
+    DecodeGraphs,
+    SamplerInputs,
+    Snapshot,
+    TinyDecoder,
+    sample,
+    sleep_cycles_per_us,
 )
+
+import pinstage  # noqa: E402
 from pinstage.builders import (  # noqa: E402
-    BatchState, Request, SamplingParams, build_logprob_indices, build_sampling_batch, write_cache_indices,
+    BatchState,
+    Request,
+    SamplingParams,
+    build_logprob_indices,
+    build_sampling_batch,
+    write_cache_indices,
 )
 
 
@@ -79,13 +91,19 @@ BACKENDS = {
     "pinned": Backend("requests", "pinned", "pinned", "requests -> pinned tensor + non_blocking copy per field"),
     "pinstage_list": Backend("requests", "stage_into", "pinstage", "requests -> pinstage.stage_into per field"),
     "sglang_state": Backend("state", "pinned", "pinned", "numpy state -> pinned tensor per column (SGLang 0.5.23)"),
-    "vllm_buffer": Backend("state", "vllm_buffer", "pinned",
-                           "numpy state -> vLLM CpuGpuBuffer.copy_to_gpu per field (unsafe on reuse)"),
+    "vllm_buffer": Backend(
+        "state", "vllm_buffer", "pinned", "numpy state -> vLLM CpuGpuBuffer.copy_to_gpu per field (unsafe on reuse)"
+    ),
     "pinstage_state": Backend("state", "stage_into", "pinstage", "numpy state -> pinstage.stage_into per field"),
-    "packed_buffer": Backend("state", "packed_buffer", "pinned",
-                             "numpy state -> one pinned buffer like the inputs, one copy (unsafe on reuse)"),
-    "pinstage_static": Backend("state", "static_inputs", "pinstage",
-                               "numpy state -> BatchState.stage_static (StaticInputs): one copy"),
+    "packed_buffer": Backend(
+        "state",
+        "packed_buffer",
+        "pinned",
+        "numpy state -> one pinned buffer like the inputs, one copy (unsafe on reuse)",
+    ),
+    "pinstage_static": Backend(
+        "state", "static_inputs", "pinstage", "numpy state -> BatchState.stage_static (StaticInputs): one copy"
+    ),
     "ideal_same_host": Backend("state", "snapshot", "replay", "ideal, same host work: state bookkeeping, no staging"),
     "ideal": Backend(None, "snapshot", "replay", "ideal: no host preparation, inputs already on the device"),
 }
@@ -126,6 +144,7 @@ class Config:
 
 # ------------------------------------------------------------------------------------------ workload
 
+
 @dataclasses.dataclass
 class Spec:
     """One request of the workload, the same for every backend."""
@@ -160,6 +179,7 @@ def make_workload(cfg, count):
 
 
 # ---------------------------------------------------------------------------------------- the loop
+
 
 class Running:
     """A request in the batch: its spec, its Request (what the builders read) and its progress."""
@@ -219,8 +239,11 @@ class Loop:
         self.pending_specs = list(specs)
         self.running: List[Running] = []
         self.state = BatchState(capacity=2 * cfg.batch_size) if self.kind.source == "state" else None
-        self.vllm = {name: CpuGpuBuffer(graphs.inputs[name]) for name in graphs.fields} \
-            if self.kind.copy == "vllm_buffer" else None
+        self.vllm = (
+            {name: CpuGpuBuffer(graphs.inputs[name]) for name in graphs.fields}
+            if self.kind.copy == "vllm_buffer"
+            else None
+        )
         fills = {name: fill for name, (_, fill) in graphs.fields.items()}
         self.packed = PackedPinnedBuffer(graphs.inputs, fills) if self.kind.copy == "packed_buffer" else None
         self.free_rows = list(range(model.rows))
@@ -295,16 +318,19 @@ class Loop:
     def prefill_inputs(self, new):
         m = self.model
         b = self.kind.builders
-        rows, prefix_lens, extend_lens, seq_lens, starts, token_rows, positions, ids, locations = \
-            self.prefill_values(new)
-        ids, rows_d, pos_d, loc_d, req_rows, seq_d = self.stage([
-            (ids, torch.int64),
-            (token_rows, torch.int64),
-            (positions, torch.int64),
-            (locations, torch.int64),
-            (rows, torch.int64),
-            (seq_lens, torch.int64),
-        ])
+        rows, prefix_lens, extend_lens, seq_lens, starts, token_rows, positions, ids, locations = self.prefill_values(
+            new
+        )
+        ids, rows_d, pos_d, loc_d, req_rows, seq_d = self.stage(
+            [
+                (ids, torch.int64),
+                (token_rows, torch.int64),
+                (positions, torch.int64),
+                (locations, torch.int64),
+                (rows, torch.int64),
+                (seq_lens, torch.int64),
+            ]
+        )
         lens, starts = (np.array(extend_lens), np.array(starts)) if self.state is not None else (extend_lens, starts)
         params = [r.spec.params for r in new]
         prefixes = [self.prefix_slots[: r.prefix_len] for r in new]
@@ -317,8 +343,9 @@ class Loop:
             indices = baseline.build_logprob_indices(lens, starts, b, self.dev)
             batch = baseline.build_sampling_batch(params, b, self.dev)
             baseline.write_cache_indices(*cache_args, b)
-        return PrefillInputs(ids, rows_d, pos_d, loc_d, req_rows, seq_d, indices, batch,
-                             cache_rows=(rows, prefixes, extend_lens, loc_d))
+        return PrefillInputs(
+            ids, rows_d, pos_d, loc_d, req_rows, seq_d, indices, batch, cache_rows=(rows, prefixes, extend_lens, loc_d)
+        )
 
     def prefill(self, staged):
         """Extends the new requests' prompts after their cached prefix and samples each one's first
@@ -328,8 +355,7 @@ class Loop:
             m.req_to_token.index_put_(*s.cache_write)
         kept = m.logits(m.forward(s.ids, s.rows, s.positions, s.out_cache_loc)[s.indices.pruned_row_indices])
         kept[s.indices.input_logprob_indices].log_softmax(-1)  # the input logprobs an engine would return
-        return sample(kept[s.indices.sample_indices], SamplerInputs.of_batch(s.batch), s.req_rows, s.seq_lens,
-                      m.counts)
+        return sample(kept[s.indices.sample_indices], SamplerInputs.of_batch(s.batch), s.req_rows, s.seq_lens, m.counts)
 
     # ----- decode
 
@@ -341,20 +367,28 @@ class Loop:
             st = self.state
             seq, rows, penalties = st.column("seq_lens"), st.column("req_pool_indices"), st.column("penalties")
             return {
-                "seq_lens": seq, "req_pool_indices": rows, "out_cache_loc": self.state_out_cache_loc(),
-                "temperatures": st.column("temperatures"), "top_ps": st.column("top_ps"),
-                "top_ks": st.column("top_ks"), "min_ps": st.column("min_ps"),
-                "frequency_penalties": penalties[:, 0], "presence_penalties": penalties[:, 1],
+                "seq_lens": seq,
+                "req_pool_indices": rows,
+                "out_cache_loc": self.state_out_cache_loc(),
+                "temperatures": st.column("temperatures"),
+                "top_ps": st.column("top_ps"),
+                "top_ks": st.column("top_ks"),
+                "min_ps": st.column("min_ps"),
+                "frequency_penalties": penalties[:, 0],
+                "presence_penalties": penalties[:, 1],
                 "repetition_penalties": penalties[:, 2],
             }
         params = [r.spec.params for r in self.running]
         rows = [r.request.req_pool_idx for r in self.running]
         seq = [r.seq_len for r in self.running]
         return {
-            "seq_lens": seq, "req_pool_indices": rows,
+            "seq_lens": seq,
+            "req_pool_indices": rows,
             "out_cache_loc": [w * max_ctx + s - 1 for w, s in zip(rows, seq)],
-            "temperatures": [p.temperature for p in params], "top_ps": [p.top_p for p in params],
-            "top_ks": [p.top_k for p in params], "min_ps": [p.min_p for p in params],
+            "temperatures": [p.temperature for p in params],
+            "top_ps": [p.top_p for p in params],
+            "top_ks": [p.top_k for p in params],
+            "min_ps": [p.min_p for p in params],
             "frequency_penalties": [p.frequency_penalty for p in params],
             "presence_penalties": [p.presence_penalty for p in params],
             "repetition_penalties": [p.repetition_penalty for p in params],
@@ -427,8 +461,9 @@ class Loop:
         the GPU waited for the host."""
         self.step_prep = 0.0
         new = self.admit()
-        prefill_staged = (self.prepared(lambda: self.prefill_inputs(new), lambda: self.prefill_values(new))
-                          if new else None)
+        prefill_staged = (
+            self.prepared(lambda: self.prefill_inputs(new), lambda: self.prefill_values(new)) if new else None
+        )
         for r in new:
             r.generated = 1
             r.request.output_ids.append(PENDING)  # its first token, sampled by the prefill
@@ -507,6 +542,7 @@ class _NonBlockingFetch:
 
 # ------------------------------------------------------------------------------------------ running
 
+
 def run_backend(backend, cfg, model, graphs, specs, record=None, replay=None):
     """Warms up (until the batch first fills, and warmup_steps more), then times `cfg.steps` steps."""
     loop = Loop(backend, cfg, model, graphs, specs, record=record, replay=replay)
@@ -579,8 +615,9 @@ def run_config(cfg, dev, cycles_per_us, repeats=3, backends=None):
     runs = {name: [] for name in names}
     for round_index in range(repeats):
         for name in rotated(names, round_index, repeats):
-            tokens, metrics = run_backend(name, cfg, model, graphs, specs,
-                                          replay=replay if BACKENDS[name].builders == "replay" else None)
+            tokens, metrics = run_backend(
+                name, cfg, model, graphs, specs, replay=replay if BACKENDS[name].builders == "replay" else None
+            )
             metrics["requests_with_other_tokens"] = _other_tokens(name, tokens, reference)
             runs[name].append(metrics)
             _progress(cfg, name, metrics)
@@ -593,7 +630,8 @@ def _other_tokens(backend, tokens, reference):
     bad = sorted(rid for rid in set(reference) | set(tokens) if reference.get(rid) != tokens.get(rid))
     assert not bad or backend in UNSAFE, (
         "%s generated other tokens than %s for %d request(s), e.g. request %d: %s vs %s"
-        % (backend, RECORDER, len(bad), bad[0], tokens.get(bad[0]), reference.get(bad[0])))
+        % (backend, RECORDER, len(bad), bad[0], tokens.get(bad[0]), reference.get(bad[0]))
+    )
     return len(bad)
 
 
@@ -604,8 +642,14 @@ def summarize(runs):
     ideal = [m["tokens_per_s"] for m in runs.get("ideal", [])]
     for name, metrics in runs.items():
         summary = {"runs": metrics}
-        for key in ("tokens_per_s", "prep_us_per_step", "decode_prep_us", "prefill_prep_us", "gpu_idle_fraction",
-                    "requests_with_other_tokens"):
+        for key in (
+            "tokens_per_s",
+            "prep_us_per_step",
+            "decode_prep_us",
+            "prefill_prep_us",
+            "gpu_idle_fraction",
+            "requests_with_other_tokens",
+        ):
             values = [m[key] for m in metrics if m[key] is not None]
             summary[key] = statistics.median(values) if values else None
             summary[key + "_range"] = [min(values), max(values)] if values else None
@@ -618,12 +662,16 @@ def summarize(runs):
 
 def _progress(cfg, backend, m):
     idle = "-" if m["gpu_idle_fraction"] is None else "%.1f%%" % (100 * m["gpu_idle_fraction"])
-    print("  bs %4d, %.1f ms: %-15s %9.0f tokens/s  prep %7.1f us/step  GPU idle %s" % (
-        cfg.batch_size, cfg.forward_ms, backend, m["tokens_per_s"], m["prep_us_per_step"], idle),
-        file=sys.stderr, flush=True)
+    print(
+        "  bs %4d, %.1f ms: %-15s %9.0f tokens/s  prep %7.1f us/step  GPU idle %s"
+        % (cfg.batch_size, cfg.forward_ms, backend, m["tokens_per_s"], m["prep_us_per_step"], idle),
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 # ------------------------------------------------------------------------------------------- report
+
 
 def checks(rows):
     by = {(r["batch_size"], r["forward_ms"]): r["backends"] for r in rows}
@@ -638,21 +686,36 @@ def checks(rows):
     def add(what, r, need):
         out.append(_report.check(what, r, ">= %g" % need, None if r is None else r >= need))
 
-    for (bs, ms) in sorted(by):
-        add("bs %d, %g ms: pinstage_static / packed_buffer tokens/s" % (bs, ms),
-            ratio(bs, ms, "pinstage_static", "packed_buffer"), STATIC_OF_PACKED)
+    for bs, ms in sorted(by):
+        add(
+            "bs %d, %g ms: pinstage_static / packed_buffer tokens/s" % (bs, ms),
+            ratio(bs, ms, "pinstage_static", "packed_buffer"),
+            STATIC_OF_PACKED,
+        )
         if ms in (0.2, 1.0):
-            add("bs %d, %g ms: pinstage_static / ideal_same_host tokens/s" % (bs, ms),
-                ratio(bs, ms, "pinstage_static", "ideal_same_host"), STATIC_OF_SAME_HOST)
+            add(
+                "bs %d, %g ms: pinstage_static / ideal_same_host tokens/s" % (bs, ms),
+                ratio(bs, ms, "pinstage_static", "ideal_same_host"),
+                STATIC_OF_SAME_HOST,
+            )
         if ms == 1.0:
-            add("bs %d, 1 ms: pinstage_static / ideal tokens/s" % bs, ratio(bs, ms, "pinstage_static", "ideal"),
-                STATIC_OF_IDEAL_1MS)
-            add("bs %d, 1 ms: pinstage_state / ideal tokens/s" % bs, ratio(bs, ms, "pinstage_state", "ideal"),
-                STATE_OF_IDEAL_1MS)
+            add(
+                "bs %d, 1 ms: pinstage_static / ideal tokens/s" % bs,
+                ratio(bs, ms, "pinstage_static", "ideal"),
+                STATIC_OF_IDEAL_1MS,
+            )
+            add(
+                "bs %d, 1 ms: pinstage_state / ideal tokens/s" % bs,
+                ratio(bs, ms, "pinstage_state", "ideal"),
+                STATE_OF_IDEAL_1MS,
+            )
         if ms == 0.2 and bs in (1, 8):
             for backend in ("pinstage_list", "pinstage_state"):
-                add("bs %d, 0.2 ms: %s / blocking tokens/s" % (bs, backend), ratio(bs, ms, backend, "blocking"),
-                    STAGE_OVER_BLOCKING_SMALL)
+                add(
+                    "bs %d, 0.2 ms: %s / blocking tokens/s" % (bs, backend),
+                    ratio(bs, ms, backend, "blocking"),
+                    STAGE_OVER_BLOCKING_SMALL,
+                )
     return out
 
 
@@ -669,25 +732,36 @@ def print_tables(rows):
     for ms in sorted({r["forward_ms"] for r in rows}):
         cells = [r for r in rows if r["forward_ms"] == ms]
         print()
-        print("forward %.1f ms: tokens/s as a fraction of the ideal's, median [min-max] of %d rounds"
-              % (ms, len(cells[0]["backends"]["ideal"]["runs"])))
+        print(
+            "forward %.1f ms: tokens/s as a fraction of the ideal's, median [min-max] of %d rounds"
+            % (ms, len(cells[0]["backends"]["ideal"]["runs"]))
+        )
         table = [["backend"] + ["bs %d" % r["batch_size"] for r in cells]]
         for name in names:
             table.append([name] + [_fraction(r["backends"][name]) for r in cells])
         table.append(["ideal tokens/s"] + ["%.0f" % r["backends"]["ideal"]["tokens_per_s"] for r in cells])
         for label, (a, b) in GAINS.items():
             if a in names and b in names:
-                table.append([label] + ["%.3fx" % (r["backends"][a]["tokens_per_s"] / r["backends"][b]["tokens_per_s"])
-                                        for r in cells])
+                table.append(
+                    [label]
+                    + ["%.3fx" % (r["backends"][a]["tokens_per_s"] / r["backends"][b]["tokens_per_s"]) for r in cells]
+                )
         _report.print_table(table)
         print()
         print("forward %.1f ms: host prep us per step, median: decode-only steps / steps with a prefill" % ms)
         prep = [["backend"] + ["bs %d" % r["batch_size"] for r in cells]]
         for name in names:
-            prep.append([name] + ["%s / %s" % tuple("-" if r["backends"][name][k] is None else
-                                                    "%.0f" % r["backends"][name][k]
-                                                    for k in ("decode_prep_us", "prefill_prep_us"))
-                                  for r in cells])
+            prep.append(
+                [name]
+                + [
+                    "%s / %s"
+                    % tuple(
+                        "-" if r["backends"][name][k] is None else "%.0f" % r["backends"][name][k]
+                        for k in ("decode_prep_us", "prefill_prep_us")
+                    )
+                    for r in cells
+                ]
+            )
         _report.print_table(prep)
     print()
     for name in names:
@@ -695,22 +769,41 @@ def print_tables(rows):
     for label, (a, b) in GAINS.items():
         print("  %-16s %s / %s tokens/s" % (label, a, b))
     for name in UNSAFE:
-        other = {(r["batch_size"], r["forward_ms"]): r["backends"][name]["requests_with_other_tokens_range"][1]
-                 for r in rows if name in r["backends"]}
+        other = {
+            (r["batch_size"], r["forward_ms"]): r["backends"][name]["requests_with_other_tokens_range"][1]
+            for r in rows
+            if name in r["backends"]
+        }
         if any(other.values()):
-            print("  %s generated other tokens (its race) for requests at (bs, forward ms): %s"
-                  % (name, {k: v for k, v in other.items() if v}))
+            print(
+                "  %s generated other tokens (its race) for requests at (bs, forward ms): %s"
+                % (name, {k: v for k, v in other.items() if v})
+            )
 
 
 def plot(path, rows, meta):
     names = [n for n in BACKENDS if n != "ideal" and n in rows[0]["backends"]]
-    panels = [("forward %.1f ms" % ms, {name: [(r["batch_size"], r["backends"][name]["of_ideal"])
-                                               for r in rows if r["forward_ms"] == ms]
-                                        for name in names})
-              for ms in sorted({r["forward_ms"] for r in rows})]
-    _report.plot_panels(path, panels, meta, xlabel="batch size", ylabel="tokens/s / ideal's", yscale="linear",
-                        title="Decode loop: each backend as a fraction of the ideal", panel_width=4.5,
-                        dashed={"ideal_same_host"})
+    panels = [
+        (
+            "forward %.1f ms" % ms,
+            {
+                name: [(r["batch_size"], r["backends"][name]["of_ideal"]) for r in rows if r["forward_ms"] == ms]
+                for name in names
+            },
+        )
+        for ms in sorted({r["forward_ms"] for r in rows})
+    ]
+    _report.plot_panels(
+        path,
+        panels,
+        meta,
+        xlabel="batch size",
+        ylabel="tokens/s / ideal's",
+        yscale="linear",
+        title="Decode loop: each backend as a fraction of the ideal",
+        panel_width=4.5,
+        dashed={"ideal_same_host"},
+    )
 
 
 def main(argv=None):
@@ -718,10 +811,17 @@ def main(argv=None):
     p.add_argument("--batch-sizes", default="1,8,64,256")
     p.add_argument("--forward-ms", default="0.2,1,5")
     p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--repeats", type=int, default=3, help="rounds over every backend, in rotated order (>= 3 for "
-                   "the figures that count)")
-    p.add_argument("--backends", default=None, help="comma-separated subset (default: all this pinstage has; "
-                   "'ideal' is needed for the fractions)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="rounds over every backend, in rotated order (>= 3 for the figures that count)",
+    )
+    p.add_argument(
+        "--backends",
+        default=None,
+        help="comma-separated subset (default: all this pinstage has; 'ideal' is needed for the fractions)",
+    )
     p.add_argument("--quick", action="store_true", help="fewer steps, sizes and rounds (a smoke run)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", default=os.path.join(HERE, "out", "decode_loop.json"))
@@ -733,29 +833,44 @@ def main(argv=None):
     backends = args.backends.split(",") if args.backends else list(BACKENDS)
     unknown = sorted(set(backends) - set(BACKENDS))
     if unknown or "ideal" not in backends:
-        p.error("--backends: %s (available: %s; 'ideal' must be one)" % (
-            "unknown " + ", ".join(unknown) if unknown else "no ideal", ", ".join(BACKENDS)))
+        p.error(
+            "--backends: %s (available: %s; 'ideal' must be one)"
+            % ("unknown " + ", ".join(unknown) if unknown else "no ideal", ", ".join(BACKENDS))
+        )
     if args.quick:
         sizes = [s for s in sizes if s in (1, 64)] or sizes[:1]
         forwards, steps, repeats = forwards[:1], min(steps, 40), 1
     cycles = sleep_cycles_per_us() if dev.type == "cuda" else 0.0
     meta = _report.machine_meta()
-    print("Decode loop on %s (torch %s): %d timed steps per run, %d round(s) per backend" % (
-        meta["gpu"] or "the CPU", meta["torch"], steps, repeats))
+    print(
+        "Decode loop on %s (torch %s): %d timed steps per run, %d round(s) per backend"
+        % (meta["gpu"] or "the CPU", meta["torch"], steps, repeats)
+    )
     rows = []
     for ms in forwards:
         for bs in sizes:
             cfg = Config(batch_size=bs, forward_ms=ms, steps=steps, warmup_steps=5 if args.quick else 20)
-            rows.append({"batch_size": bs, "forward_ms": ms,
-                         "backends": run_config(cfg, dev, cycles, repeats, backends)})
+            rows.append(
+                {"batch_size": bs, "forward_ms": ms, "backends": run_config(cfg, dev, cycles, repeats, backends)}
+            )
     print_tables(rows)
-    print("(tokens/s: tokens generated per second of wall time; prep: host time per step preparing and staging the "
-          "step's inputs; ideal: the same device work with every input already on the device)")
+    print(
+        "(tokens/s: tokens generated per second of wall time; prep: host time per step preparing and staging the "
+        "step's inputs; ideal: the same device work with every input already on the device)"
+    )
     found = checks(rows) if dev.type == "cuda" else []
     _report.print_checks(found)
-    _report.write_json(args.json, {"meta": meta, "steps": steps, "repeats": repeats,
-                                   "backends": {n: BACKENDS[n].title for n in backends}, "results": rows,
-                                   "checks": found})
+    _report.write_json(
+        args.json,
+        {
+            "meta": meta,
+            "steps": steps,
+            "repeats": repeats,
+            "backends": {n: BACKENDS[n].title for n in backends},
+            "results": rows,
+            "checks": found,
+        },
+    )
     if dev.type == "cuda":
         plot(os.path.splitext(args.json)[0] + ".png", rows, meta)
 

@@ -17,6 +17,7 @@ of one cell take their samples in turn, in an order rotated every round; the med
 is reported in microseconds per call with the min-max spread. Ratios within one run are what to
 compare across machines.
 """
+
 import argparse
 import os
 import random
@@ -27,24 +28,39 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
+import _report  # noqa: E402
+import _timing  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-
-import _report  # noqa: E402
 from _baselines import CpuGpuBuffer  # noqa: E402
-import _timing  # noqa: E402
+
 import pinstage  # noqa: E402
 
 LIST_SIZES = [1, 16, 64, 256, 1024, 8192, 65536]
 LIST_DTYPES = {"int64": torch.int64, "float32": torch.float32}
 NUMPY_SIZES = [1, 256, 8192]
 NUMPY_DTYPES = {"int64": torch.int64, "int32": torch.int32, "float32": torch.float32}
-NUMPY_OF = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.float32, torch.bool: np.bool_,
-            torch.uint64: np.uint64}
+NUMPY_OF = {
+    torch.int64: np.int64,
+    torch.int32: np.int32,
+    torch.float32: np.float32,
+    torch.bool: np.bool_,
+    torch.uint64: np.uint64,
+}
 # One scheduler step's sampling/decode inputs: token ids, top-k, temperatures/top-p/min-p, seeds, a
 # flag per request, prefix data pointers.
-MANY_DTYPES = [torch.int64, torch.int64, torch.int32, torch.float32, torch.float32, torch.float32, torch.int64,
-               torch.bool, torch.uint64, torch.int64]
+MANY_DTYPES = [
+    torch.int64,
+    torch.int64,
+    torch.int32,
+    torch.float32,
+    torch.float32,
+    torch.float32,
+    torch.int64,
+    torch.bool,
+    torch.uint64,
+    torch.int64,
+]
 MANY_LENGTH = 256
 MANY_NUMPY_DTYPES = [torch.int64, torch.int64, torch.int64, torch.float32, torch.float32, torch.int32, torch.float32]
 TOKEN_VOCAB = 152064  # a Qwen2-sized vocabulary: token ids are realistic 5-6 digit ints
@@ -53,13 +69,13 @@ METHOD_NOTES = {
     "blocking": "torch.tensor(values, device=dev): a blocking copy",
     "pinned": "torch.tensor(values, pin_memory=True).to(dev, non_blocking=True)",
     "reused_buffer": "one persistent pinned buffer filled through numpy, then .to(dev, non_blocking=True); "
-                     "unsafe (it rewrites memory an earlier copy may still read), timing only",
+    "unsafe (it rewrites memory an earlier copy may still read), timing only",
     "floor": "copy_ of an already-filled pinned tensor into a device tensor: no conversion, the lower bound",
     "pinstage": "pinstage.stage_to_device(values, dtype)",
     "stage_into": "pinstage.stage_into(values, out): no device allocation",
     "stage_many": "pinstage.stage_many: every item in one ring region and one copy",
     "vllm_buffer": "vLLM's pattern: numpy slice assignment into a persistent pinned tensor's .numpy() view, "
-                   "then gpu[:n].copy_(cpu[:n], non_blocking=True); unsafe on reuse, timing only",
+    "then gpu[:n].copy_(cpu[:n], non_blocking=True); unsafe on reuse, timing only",
     "pin_memory": "torch.from_numpy(x).pin_memory().to(dev, non_blocking=True)",
     "to_cpu": "tensor.cpu(): a blocking copy",
     "tolist": "tensor.tolist(): a blocking copy into Python ints",
@@ -180,8 +196,12 @@ class Timed:
     def result(self):
         out = {"calls_per_loop": self.n, "idle": _timing.summarize_ns(self.idle)}
         if self.busy is not None:
-            out["busy"] = dict(_timing.summarize_ns(self.busy_samples), sleep_ms=self.sleep_us / 1000.0,
-                               loops_covered=sum(self.covered), loops=len(self.covered))
+            out["busy"] = dict(
+                _timing.summarize_ns(self.busy_samples),
+                sleep_ms=self.sleep_us / 1000.0,
+                loops_covered=sum(self.covered),
+                loops=len(self.covered),
+            )
         return out
 
 
@@ -241,6 +261,7 @@ def fallbacks(device):
 
 
 # ----------------------------------------------------------------------------------------- GPU part
+
 
 def list_methods(values, dtype, dev, reused):
     n = len(values)
@@ -325,8 +346,9 @@ def warm_up(dev, reused, seconds):
     """Every list method in turn for about `seconds`, untimed: the first sizes measured were up to
     1.6x slower for every method alike while the host and GPU left an idle state."""
     start = time.perf_counter()
-    methods = [call for _, call in list_methods(make_values(torch.int64, 16, random.Random(0)), torch.int64, dev,
-                                                  reused)]
+    methods = [
+        call for _, call in list_methods(make_values(torch.int64, 16, random.Random(0)), torch.int64, dev, reused)
+    ]
     while time.perf_counter() - start < seconds:
         for call in methods:
             for _ in range(200):
@@ -360,9 +382,10 @@ def run_gpu(settings, report, quick):
     nbytes = sum(ring_footprint(len(v) * torch.empty(0, dtype=dt).element_size()) for v, dt in items)
     max_calls = max(settings.min_calls, RING_BUDGET_BYTES // nbytes)
     copies = {m: len(items) for m in ("pinstage", "pinned", "reused_buffer", "blocking")}
-    sections["many_lists"] = {"items": [[str(dt), len(v)] for v, dt in items],
-                              "methods": measure_methods(many_list_methods(items, dev), settings, busy, max_calls,
-                                                         copies)}
+    sections["many_lists"] = {
+        "items": [[str(dt), len(v)] for v, dt in items],
+        "methods": measure_methods(many_list_methods(items, dev), settings, busy, max_calls, copies),
+    }
 
     sections["numpy"] = []
     before = fallbacks(dev)
@@ -376,9 +399,10 @@ def run_gpu(settings, report, quick):
     rng = random.Random(7)
     arrays = [(np.array(make_values(dt, MANY_LENGTH, rng), dtype=NUMPY_OF[dt]), dt) for dt in MANY_NUMPY_DTYPES]
     copies = {m: len(arrays) for m in ("vllm_buffer", "pin_memory")}
-    sections["many_numpy"] = {"items": [[str(dt), len(x)] for x, dt in arrays],
-                              "methods": measure_methods(many_numpy_methods(arrays, dev), settings, busy, None,
-                                                         copies)}
+    sections["many_numpy"] = {
+        "items": [[str(dt), len(x)] for x, dt in arrays],
+        "methods": measure_methods(many_numpy_methods(arrays, dev), settings, busy, None, copies),
+    }
     report["numpy_fallbacks"] = fallbacks(dev) - before
 
     sections["fetch"] = []
@@ -394,18 +418,31 @@ def run_gpu(settings, report, quick):
 
 def print_gpu(report):
     sections = report["sections"]
-    lists_header = ["size", "blocking", "pinned", "reused buffer", "floor", "pinstage", "stage_into",
-                    "pinned / pinstage", "pinstage busy / idle"]
+    lists_header = [
+        "size",
+        "blocking",
+        "pinned",
+        "reused buffer",
+        "floor",
+        "pinstage",
+        "stage_into",
+        "pinned / pinstage",
+        "pinstage busy / idle",
+    ]
     for dtype in LIST_DTYPES:
         print()
         print("Python list of %s -> device tensor: host us per call, GPU idle [min-max] / GPU busy" % dtype)
         rows = [lists_header]
         for cell in (c for c in sections["lists"] if c["dtype"] == dtype):
             m = cell["methods"]
-            rows.append([cell["size"]] + [cell_text(m[k]) for k in ("blocking", "pinned", "reused_buffer", "floor",
-                                                                    "pinstage", "stage_into")]
-                        + [_report.fmt_ratio(ratio(median(m["pinned"]), median(m["pinstage"]))),
-                           _report.fmt_ratio(ratio(median(m["pinstage"], "busy"), median(m["pinstage"])))])
+            rows.append(
+                [cell["size"]]
+                + [cell_text(m[k]) for k in ("blocking", "pinned", "reused_buffer", "floor", "pinstage", "stage_into")]
+                + [
+                    _report.fmt_ratio(ratio(median(m["pinned"]), median(m["pinstage"]))),
+                    _report.fmt_ratio(ratio(median(m["pinstage"], "busy"), median(m["pinstage"]))),
+                ]
+            )
         _report.print_table(rows)
     print_legend(["blocking", "pinned", "reused_buffer", "floor", "pinstage", "stage_into"])
 
@@ -415,8 +452,9 @@ def print_gpu(report):
     rows = [["method", "idle [min-max] / busy", "x stage_many"]]
     for name in ("stage_many", "pinstage", "pinned", "reused_buffer", "blocking"):
         label = name if name == "stage_many" else "10 x " + name
-        rows.append([label, cell_text(many[name]), _report.fmt_ratio(ratio(median(many[name]),
-                                                                            median(many["stage_many"])))])
+        rows.append(
+            [label, cell_text(many[name]), _report.fmt_ratio(ratio(median(many[name]), median(many["stage_many"])))]
+        )
     _report.print_table(rows)
 
     print()
@@ -424,8 +462,11 @@ def print_gpu(report):
     rows = [["dtype", "size", "vLLM buffer", "pin_memory", "pinstage", "pinstage / vLLM buffer"]]
     for cell in sections["numpy"]:
         m = cell["methods"]
-        rows.append([cell["dtype"], cell["size"]] + [cell_text(m[k]) for k in ("vllm_buffer", "pin_memory", "pinstage")]
-                    + [_report.fmt_ratio(ratio(median(m["pinstage"]), median(m["vllm_buffer"])))])
+        rows.append(
+            [cell["dtype"], cell["size"]]
+            + [cell_text(m[k]) for k in ("vllm_buffer", "pin_memory", "pinstage")]
+            + [_report.fmt_ratio(ratio(median(m["pinstage"]), median(m["vllm_buffer"])))]
+        )
     _report.print_table(rows)
     many = sections["many_numpy"]["methods"]
     print()
@@ -433,24 +474,38 @@ def print_gpu(report):
     rows = [["method", "idle [min-max] / busy", "x stage_many"]]
     for name in ("stage_many", "vllm_buffer", "pin_memory"):
         label = name if name == "stage_many" else "7 x " + name
-        rows.append([label, cell_text(many[name]), _report.fmt_ratio(ratio(median(many[name]),
-                                                                            median(many["stage_many"])))])
+        rows.append(
+            [label, cell_text(many[name]), _report.fmt_ratio(ratio(median(many[name]), median(many["stage_many"])))]
+        )
     _report.print_table(rows)
     print_legend(["vllm_buffer", "pin_memory", "stage_many"])
 
     print()
     print("device tensor -> host: host us per call to enqueue, GPU idle [min-max] / GPU busy")
-    rows = [["dtype", "size", "tensor.cpu()", "tensor.tolist()", "to(non_blocking) + event", "fetch_to_host",
-             "fetch / non_blocking"]]
+    rows = [
+        [
+            "dtype",
+            "size",
+            "tensor.cpu()",
+            "tensor.tolist()",
+            "to(non_blocking) + event",
+            "fetch_to_host",
+            "fetch / non_blocking",
+        ]
+    ]
     for cell in sections["fetch"]:
         m = cell["methods"]
-        rows.append([cell["dtype"], cell["size"]] + [cell_text(m[k]) for k in ("to_cpu", "tolist", "non_blocking",
-                                                                            "fetch_to_host")]
-                    + [_report.fmt_ratio(ratio(median(m["fetch_to_host"]), median(m["non_blocking"])))])
+        rows.append(
+            [cell["dtype"], cell["size"]]
+            + [cell_text(m[k]) for k in ("to_cpu", "tolist", "non_blocking", "fetch_to_host")]
+            + [_report.fmt_ratio(ratio(median(m["fetch_to_host"]), median(m["non_blocking"])))]
+        )
     _report.print_table(rows)
     print_legend(["to_cpu", "tolist", "non_blocking", "fetch_to_host"])
-    print("(* after a busy figure: the busy kernel ended before the timed loop did in some samples, i.e. the loop "
-          "waited for the GPU)")
+    print(
+        "(* after a busy figure: the busy kernel ended before the timed loop did in some samples, i.e. the loop "
+        "waited for the GPU)"
+    )
 
 
 def print_legend(methods):
@@ -464,47 +519,99 @@ def gpu_checks(report):
     for size, need in PINNED_OVER_PINSTAGE.items():
         cell = next((c for c in sections["lists"] if c["dtype"] == "int64" and c["size"] == size), None)
         r = None if cell is None else ratio(median(cell["methods"]["pinned"]), median(cell["methods"]["pinstage"]))
-        out.append(_report.check("list of %d int64: pinned / pinstage host time" % size, r, ">= %g" % need,
-                                 None if r is None else r >= need))
+        out.append(
+            _report.check(
+                "list of %d int64: pinned / pinstage host time" % size,
+                r,
+                ">= %g" % need,
+                None if r is None else r >= need,
+            )
+        )
     many = sections["many_lists"]["methods"]
     r = ratio(median(many["pinned"]), median(many["stage_many"]))
-    out.append(_report.check("10 lists of 256: 10 pinned calls / one stage_many", r,
-                             ">= %g" % PINNED_X10_OVER_STAGE_MANY, None if r is None else r >= PINNED_X10_OVER_STAGE_MANY))
+    out.append(
+        _report.check(
+            "10 lists of 256: 10 pinned calls / one stage_many",
+            r,
+            ">= %g" % PINNED_X10_OVER_STAGE_MANY,
+            None if r is None else r >= PINNED_X10_OVER_STAGE_MANY,
+        )
+    )
     worst, where = None, ""
     timed = [("list %s x%d" % (c["dtype"], c["size"]), c["methods"]["pinstage"]) for c in sections["lists"]]
     timed += [("numpy %s x%d" % (c["dtype"], c["size"]), c["methods"]["pinstage"]) for c in sections["numpy"]]
-    timed += [("stage_many (lists)", many["stage_many"]), ("stage_many (numpy)", sections["many_numpy"]["methods"]["stage_many"])]
+    timed += [
+        ("stage_many (lists)", many["stage_many"]),
+        ("stage_many (numpy)", sections["many_numpy"]["methods"]["stage_many"]),
+    ]
     timed += [("fetch %s x%d" % (c["dtype"], c["size"]), c["methods"]["fetch_to_host"]) for c in sections["fetch"]]
     for name, res in timed:
         r = ratio(median(res, "busy"), median(res))
         if r is not None and (worst is None or r > worst):
             worst, where = r, name
-    out.append(_report.check("pinstage busy / idle host time, worst case", worst, "<= %g" % BUSY_OVER_IDLE,
-                             None if worst is None else worst <= BUSY_OVER_IDLE, "at " + where))
+    out.append(
+        _report.check(
+            "pinstage busy / idle host time, worst case",
+            worst,
+            "<= %g" % BUSY_OVER_IDLE,
+            None if worst is None else worst <= BUSY_OVER_IDLE,
+            "at " + where,
+        )
+    )
     worst, where = None, ""
     for cell in sections["numpy"]:
         r = ratio(median(cell["methods"]["pinstage"]), median(cell["methods"]["vllm_buffer"]))
         if r is not None and (worst is None or r > worst):
             worst, where = r, "%s x%d" % (cell["dtype"], cell["size"])
-    out.append(_report.check("numpy arrays: pinstage / vLLM buffer host time, worst size", worst,
-                             "<= %g" % NUMPY_PINSTAGE_OVER_VLLM, None if worst is None else worst <= NUMPY_PINSTAGE_OVER_VLLM,
-                             "at " + where))
+    out.append(
+        _report.check(
+            "numpy arrays: pinstage / vLLM buffer host time, worst size",
+            worst,
+            "<= %g" % NUMPY_PINSTAGE_OVER_VLLM,
+            None if worst is None else worst <= NUMPY_PINSTAGE_OVER_VLLM,
+            "at " + where,
+        )
+    )
     many = sections["many_numpy"]["methods"]
     r = ratio(median(many["stage_many"]), median(many["vllm_buffer"]))
-    out.append(_report.check("7 numpy slices: stage_many / 7 vLLM buffer copies", r, "<= %.2f" % NUMPY_MANY_OVER_VLLM_X7,
-                             None if r is None else r <= NUMPY_MANY_OVER_VLLM_X7))
-    out.append(_report.check("torch.tensor fallbacks for numpy inputs", report["numpy_fallbacks"], "== 0",
-                             report["numpy_fallbacks"] == 0))
+    out.append(
+        _report.check(
+            "7 numpy slices: stage_many / 7 vLLM buffer copies",
+            r,
+            "<= %.2f" % NUMPY_MANY_OVER_VLLM_X7,
+            None if r is None else r <= NUMPY_MANY_OVER_VLLM_X7,
+        )
+    )
+    out.append(
+        _report.check(
+            "torch.tensor fallbacks for numpy inputs", report["numpy_fallbacks"], "== 0", report["numpy_fallbacks"] == 0
+        )
+    )
     cell = next((c for c in sections["fetch"] if c["dtype"] == "int64" and c["size"] == 256), None)
-    r = None if cell is None else ratio(median(cell["methods"]["fetch_to_host"]), median(cell["methods"]["non_blocking"]))
-    out.append(_report.check("fetch 256 int64: fetch_to_host / to(non_blocking)+event host time", r,
-                             "<= %g" % FETCH_OVER_NON_BLOCKING_AT_256,
-                             None if r is None else r <= FETCH_OVER_NON_BLOCKING_AT_256))
+    r = (
+        None
+        if cell is None
+        else ratio(median(cell["methods"]["fetch_to_host"]), median(cell["methods"]["non_blocking"]))
+    )
+    out.append(
+        _report.check(
+            "fetch 256 int64: fetch_to_host / to(non_blocking)+event host time",
+            r,
+            "<= %g" % FETCH_OVER_NON_BLOCKING_AT_256,
+            None if r is None else r <= FETCH_OVER_NON_BLOCKING_AT_256,
+        )
+    )
     stats = report["pinstage_stats"]
     for key in ("overflows", "waits"):
-        out.append(_report.check("%s with the default ring over the whole run" % key, stats[key], "== 0",
-                                 stats[key] == 0, "peak in flight %d of %d bytes" % (stats["peak_in_flight_bytes"],
-                                                                                    stats["ring_bytes"])))
+        out.append(
+            _report.check(
+                "%s with the default ring over the whole run" % key,
+                stats[key],
+                "== 0",
+                stats[key] == 0,
+                "peak in flight %d of %d bytes" % (stats["peak_in_flight_bytes"], stats["ring_bytes"]),
+            )
+        )
     return out
 
 
@@ -527,6 +634,7 @@ def plot_gpu(path, report):
 
 
 # ----------------------------------------------------------------------------------------- CPU part
+
 
 def run_cpu(settings, report, quick):
     sections = report["sections"]
@@ -564,8 +672,11 @@ def print_cpu(report):
         rows = [["size", "torch.tensor", "np.array -> from_numpy", "pinstage", "torch.tensor / pinstage"]]
         for cell in (c for c in report["sections"]["lists"] if c["dtype"] == dtype):
             m = cell["methods"]
-            rows.append([cell["size"]] + [cell_text(m[k]) for k in ("torch_tensor", "numpy_array", "pinstage")]
-                        + [_report.fmt_ratio(ratio(median(m["torch_tensor"]), median(m["pinstage"])))])
+            rows.append(
+                [cell["size"]]
+                + [cell_text(m[k]) for k in ("torch_tensor", "numpy_array", "pinstage")]
+                + [_report.fmt_ratio(ratio(median(m["torch_tensor"]), median(m["pinstage"])))]
+            )
         _report.print_table(rows)
     print_legend(["torch_tensor", "numpy_array", "pinstage"])
     print()
@@ -581,10 +692,15 @@ def cpu_checks(report):
     cell = next((c for c in report["sections"]["lists"] if c["dtype"] == "int64" and c["size"] == 8192), None)
     r = None if cell is None else ratio(median(cell["methods"]["torch_tensor"]), median(cell["methods"]["pinstage"]))
     return [
-        _report.check("no GPU, list of 8192 int64: torch.tensor / pinstage host time", r,
-                      ">= %g" % CPU_TORCH_OVER_PINSTAGE_8192, None if r is None else r >= CPU_TORCH_OVER_PINSTAGE_8192),
-        _report.check("torch.tensor fallbacks for numpy inputs", report["numpy_fallbacks"], "== 0",
-                      report["numpy_fallbacks"] == 0),
+        _report.check(
+            "no GPU, list of 8192 int64: torch.tensor / pinstage host time",
+            r,
+            ">= %g" % CPU_TORCH_OVER_PINSTAGE_8192,
+            None if r is None else r >= CPU_TORCH_OVER_PINSTAGE_8192,
+        ),
+        _report.check(
+            "torch.tensor fallbacks for numpy inputs", report["numpy_fallbacks"], "== 0", report["numpy_fallbacks"] == 0
+        ),
     ]
 
 
@@ -599,14 +715,18 @@ def plot_cpu(path, report):
 
 # -------------------------------------------------------------------------------------------- main
 
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer sizes, repeats and shorter loops (a smoke run)")
     p.add_argument("--repeats", type=int, default=None, help="timed loops per measurement (default 7, --quick 3)")
     p.add_argument("--loop-ms", type=float, default=None, help="length of one timed loop (default 5, --quick 1)")
     p.add_argument("--cpu-only", action="store_true", help="the conversion part only, even with a GPU")
-    p.add_argument("--json", default=os.path.join(HERE, "out", "microbench.json"),
-                   help="where to write all figures (a PNG plot is written beside it)")
+    p.add_argument(
+        "--json",
+        default=os.path.join(HERE, "out", "microbench.json"),
+        help="where to write all figures (a PNG plot is written beside it)",
+    )
     return p.parse_args(argv)
 
 
@@ -614,9 +734,15 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     settings = Settings(args)
     use_gpu = torch.cuda.is_available() and not args.cpu_only
-    report = {"meta": dict(_report.machine_meta(), repeats=settings.repeats, loop_ms=settings.loop_ns / 1e6,
-                           mode="gpu" if use_gpu else "cpu"),
-              "sections": {}}
+    report = {
+        "meta": dict(
+            _report.machine_meta(),
+            repeats=settings.repeats,
+            loop_ms=settings.loop_ns / 1e6,
+            mode="gpu" if use_gpu else "cpu",
+        ),
+        "sections": {},
+    }
     if use_gpu:
         print("pinstage microbenchmark on %s (torch %s)" % (report["meta"]["gpu"], torch.__version__))
         run_gpu(settings, report, args.quick)

@@ -13,6 +13,7 @@ keeps the comparison on the blocks), and enqueue one copy; between loops the str
 (outside the timing), so each loop starts from blocks cached by the loops before: the steady state
 of a serving loop. Host microseconds per call, medians of rotated, interleaved rounds.
 """
+
 import argparse
 import os
 import sys
@@ -21,11 +22,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-import torch  # noqa: E402
-
 import _report  # noqa: E402
 import _timing  # noqa: E402
+import torch  # noqa: E402
 from microbench import GpuBusy  # noqa: E402
+
 import pinstage  # noqa: E402
 
 SIZES = [64 << 10, 256 << 10, 1 << 20]
@@ -38,8 +39,10 @@ def methods(src, dev):
         pinned.copy_(src)
         return pinned.to(dev, non_blocking=True)
 
-    return {"pinstage_overflow": lambda: pinstage.stage_to_device(src, src.dtype, device=dev),
-            "torch_pinned": torch_pinned}
+    return {
+        "pinstage_overflow": lambda: pinstage.stage_to_device(src, src.dtype, device=dev),
+        "torch_pinned": torch_pinned,
+    }
 
 
 # Far longer than a loop of CALLS_PER_LOOP calls: the timing never waits for it (the drain between
@@ -51,7 +54,7 @@ def measure(calls, busy, repeats):
     """name -> summarize_ns of the per-call host time, and how many loops outlived the busy kernel."""
     samples = {name: [] for name in calls}
     outlived = 0
-    for name, call in calls.items():  # warm-up: both caches hold blocks before the first sample
+    for call in calls.values():  # warm-up: both caches hold blocks before the first sample
         for _ in range(2 * CALLS_PER_LOOP):
             call()
     torch.cuda.synchronize()
@@ -80,22 +83,38 @@ def main(argv=None):
     before = pinstage.stats(dev)["overflows"]
     cells, rows, outlived = [], [["bytes", "pinstage_overflow us", "torch_pinned us", "pinstage / torch"]], 0
     for size in SIZES:
-        result, idle = measure(methods(torch.randint(0, 1 << 30, (size // 8,), dtype=torch.int64), dev), busy,
-                               args.repeats)
+        result, idle = measure(
+            methods(torch.randint(0, 1 << 30, (size // 8,), dtype=torch.int64), dev), busy, args.repeats
+        )
         outlived += idle
         ours, theirs = result["pinstage_overflow"]["median_us"], result["torch_pinned"]["median_us"]
         cells.append({"bytes": size, "methods": result, "ratio": ours / theirs})
         rows.append([str(size), "%.1f" % ours, "%.1f" % theirs, "%.2f" % (ours / theirs)])
     overflows = pinstage.stats(dev)["overflows"] - before
     _report.print_table(rows)
-    checks = [_report.check("every pinstage call took an overflow block", overflows, ">= the calls made",
-                            overflows >= len(SIZES) * CALLS_PER_LOOP * args.repeats),
-              _report.check("timed loops that outlived the busy kernel (blocks could be reused)", outlived, "== 0",
-                            outlived == 0)]
+    checks = [
+        _report.check(
+            "every pinstage call took an overflow block",
+            overflows,
+            ">= the calls made",
+            overflows >= len(SIZES) * CALLS_PER_LOOP * args.repeats,
+        ),
+        _report.check(
+            "timed loops that outlived the busy kernel (blocks could be reused)", outlived, "== 0", outlived == 0
+        ),
+    ]
     _report.print_checks(checks)
-    _report.write_json(args.json, {"meta": _report.machine_meta(), "calls_per_loop": CALLS_PER_LOOP,
-                                   "busy_us": BUSY_US, "cells": cells, "overflows": overflows,
-                                   "checks": checks})
+    _report.write_json(
+        args.json,
+        {
+            "meta": _report.machine_meta(),
+            "calls_per_loop": CALLS_PER_LOOP,
+            "busy_us": BUSY_US,
+            "cells": cells,
+            "overflows": overflows,
+            "checks": checks,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ the kernel ends (no hidden wait). Without a GPU everything runs on the CPU, wher
 copies are plain tensors and write_cache_indices takes its per-request .item() path: the ratios say
 little about the GPU.
 """
+
 import argparse
 import contextlib
 import os
@@ -33,6 +34,7 @@ sys.path.insert(0, HERE)
 
 import _report  # noqa: E402
 import _timing  # noqa: E402
+
 from bench.engines import sglang_stubs  # noqa: E402
 from bench.engines.sglang_stubs import PREFIXES, VERSION  # noqa: E402
 from bench.engines.source import Unavailable, engine_root  # noqa: E402
@@ -48,16 +50,30 @@ BUSY_CYCLES = 50_000_000  # ~25 ms on an H200: far longer than any call timed he
 def prefilled(sg, device, bs, vocab_size, decode_steps, penalties):
     """A prefilled SGLang batch of bs requests with input logprobs, one output token each."""
     rng = random.Random(bs)
-    world = sglang_stubs.SchedulerWorld(sg, device, rows=bs + 8, max_context_len=64 + decode_steps,
-                                        kv_slots=bs * (64 + decode_steps), vocab_size=vocab_size)
+    world = sglang_stubs.SchedulerWorld(
+        sg,
+        device,
+        rows=bs + 8,
+        max_context_len=64 + decode_steps,
+        kv_slots=bs * (64 + decode_steps),
+        vocab_size=vocab_size,
+    )
     reqs = []
     for _ in range(bs):
-        params = {"temperature": rng.choice([0.0, 0.7, 1.0]), "top_p": rng.choice([1.0, 0.9]),
-                  "top_k": rng.choice([-1, 20]), "max_new_tokens": 4096}
+        params = {
+            "temperature": rng.choice([0.0, 0.7, 1.0]),
+            "top_p": rng.choice([1.0, 0.9]),
+            "top_k": rng.choice([-1, 20]),
+            "max_new_tokens": 4096,
+        }
         if penalties:
             params.update(frequency_penalty=rng.choice([0.0, 0.5]), repetition_penalty=rng.choice([1.0, 1.1]))
-        req = world.request([rng.randrange(vocab_size) for _ in range(rng.randint(4, 48))], params,
-                            return_logprob=True, logprob_start_len=rng.choice([-1, 0, 2]))
+        req = world.request(
+            [rng.randrange(vocab_size) for _ in range(rng.randint(4, 48))],
+            params,
+            return_logprob=True,
+            logprob_start_len=rng.choice([-1, 0, 2]),
+        )
         world.admit(req)
         reqs.append(req)
     batch = world.prefill_batch(reqs)
@@ -73,11 +89,28 @@ def make_calls(sg, device, bs, vocab_size, decode_steps):
     _, decoding = prefilled(sg, device, bs, vocab_size, decode_steps, penalties=True)
 
     prefixes = [sg.allocation._prefix_kv_indices(batch, r) for r in reqs]
-    lens = {name: torch.tensor(values, dtype=torch.int64) for name, values in
-            [("prefix", batch.prefix_lens), ("seq", [r.extend_end for r in reqs]), ("extend", batch.extend_lens)]}
+    lens = {
+        name: torch.tensor(values, dtype=torch.int64)
+        for name, values in [
+            ("prefix", batch.prefix_lens),
+            ("seq", [r.extend_end for r in reqs]),
+            ("extend", batch.extend_lens),
+        ]
+    }
     rows_cpu = batch.req_pool_indices_cpu
-    cache_args = (batch.out_cache_loc, rows_cpu.to(device), rows_cpu, lens["prefix"].to(device), lens["prefix"],
-                  lens["seq"].to(device), lens["seq"], lens["extend"].to(device), lens["extend"], prefixes, world.pool)
+    cache_args = (
+        batch.out_cache_loc,
+        rows_cpu.to(device),
+        rows_cpu,
+        lens["prefix"].to(device),
+        lens["prefix"],
+        lens["seq"].to(device),
+        lens["seq"],
+        lens["extend"].to(device),
+        lens["extend"],
+        prefixes,
+        world.pool,
+    )
 
     metadata = sglang_stubs.logits_metadata(sg, batch)
     hidden = torch.zeros(sum(batch.extend_lens), 8, device=device)
@@ -132,12 +165,17 @@ def main():
                     for _ in range(warmups):
                         _timing.loop_ns(calls[bs][name], DECODE_CALLS if decode else 1)
                     if variant == "sglang":
-                        loops[name, bs] = DECODE_CALLS if decode else _timing.calls_for_duration(
-                            _timing.estimate_call_ns(calls[bs][name]), args.sample_ms * 1e6)
+                        loops[name, bs] = (
+                            DECODE_CALLS
+                            if decode
+                            else _timing.calls_for_duration(
+                                _timing.estimate_call_ns(calls[bs][name]), args.sample_ms * 1e6
+                            )
+                        )
 
     samples = {(v, name, bs): [] for v in VARIANTS for name in FUNCTIONS for bs in sizes}
     for round_ in range(args.repeats):
-        for variant in (("sglang", "pinstage") if round_ % 2 == 0 else ("pinstage", "sglang")):
+        for variant in ("sglang", "pinstage") if round_ % 2 == 0 else ("pinstage", "sglang"):
             with pinstage_sglang.enabled() if variant == "pinstage" else contextlib.nullcontext(), _timing.GcPaused():
                 for bs in sizes:
                     for name in FUNCTIONS:
@@ -167,34 +205,54 @@ def report(args, sizes, samples, waited, device):
         for bs in sizes:
             base, ours = results["sglang", name, bs], results["pinstage", name, bs]
             ratio[name, bs] = ours["median_us"] / base["median_us"]
-            rows.append([name, bs, _report.fmt_us_pm(base["median_us"], (base["min_us"], base["max_us"])),
-                         _report.fmt_us_pm(ours["median_us"], (ours["min_us"], ours["max_us"])),
-                         _report.fmt_ratio(ratio[name, bs]), waited.get((name, bs), "-")])
-    print("SGLang %s host time per call (%s; median of %d samples)"
-          % (VERSION, meta["gpu"] or "CPU only", args.repeats))
+            rows.append(
+                [
+                    name,
+                    bs,
+                    _report.fmt_us_pm(base["median_us"], (base["min_us"], base["max_us"])),
+                    _report.fmt_us_pm(ours["median_us"], (ours["min_us"], ours["max_us"])),
+                    _report.fmt_ratio(ratio[name, bs]),
+                    waited.get((name, bs), "-"),
+                ]
+            )
+    print(
+        "SGLang %s host time per call (%s; median of %d samples)" % (VERSION, meta["gpu"] or "CPU only", args.repeats)
+    )
     _report.print_table(rows)
     checks = []
     if 256 in sizes:
         measured = ratio["from_schedule_batch", 256]
-        checks.append(_report.check("from_schedule_batch at bs 256, with/without pinstage", measured,
-                                    "<= %.2f on a GPU" % TARGET_AT_256,
-                                    measured <= TARGET_AT_256 if device == "cuda" else None,
-                                    "" if device == "cuda" else "CPU run: no pinned copies to save"))
+        checks.append(
+            _report.check(
+                "from_schedule_batch at bs 256, with/without pinstage",
+                measured,
+                "<= %.2f on a GPU" % TARGET_AT_256,
+                measured <= TARGET_AT_256 if device == "cuda" else None,
+                "" if device == "cuda" else "CPU run: no pinned copies to save",
+            )
+        )
     if waited:
         bad = sorted("%s@%d" % key for key, verdict in waited.items() if verdict != "no wait")
-        checks.append(_report.check("patched functions that waited for a busy GPU", len(bad), "0", not bad,
-                                    ", ".join(bad)))
+        checks.append(
+            _report.check("patched functions that waited for a busy GPU", len(bad), "0", not bad, ", ".join(bad))
+        )
     _report.print_checks(checks)
     if args.json:
-        _report.write_json(args.json, {
-            "meta": meta, "sizes": sizes, "checks": checks,
-            "results": [{"variant": v, "function": f, "bs": bs, **results[v, f, bs]}
-                        for (v, f, bs) in results],
-            "gpu_busy": [{"function": f, "bs": bs, "verdict": verdict} for (f, bs), verdict in waited.items()],
-        })
+        _report.write_json(
+            args.json,
+            {
+                "meta": meta,
+                "sizes": sizes,
+                "checks": checks,
+                "results": [{"variant": v, "function": f, "bs": bs, **results[v, f, bs]} for (v, f, bs) in results],
+                "gpu_busy": [{"function": f, "bs": bs, "verdict": verdict} for (f, bs), verdict in waited.items()],
+            },
+        )
     if args.plot:
-        panels = [(name, {VARIANTS[v]: [(bs, results[v, name, bs]["median_us"]) for bs in sizes] for v in VARIANTS})
-                  for name in FUNCTIONS]
+        panels = [
+            (name, {VARIANTS[v]: [(bs, results[v, name, bs]["median_us"]) for bs in sizes] for v in VARIANTS})
+            for name in FUNCTIONS
+        ]
         _report.plot_panels(args.plot, panels, meta, xlabel="batch size", title="SGLang %s, host time" % VERSION)
 
 

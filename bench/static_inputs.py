@@ -10,10 +10,12 @@ Methods, each filling 8 per-field static device tensors (a CUDA graph's inputs) 
                  the allocation (numpy fill): a baseline, timing only (it rewrites memory an earlier
                  copy may still read)
 Host time per step: perf_counter_ns around a loop of steps queued behind a sleeping kernel (the host
-never waits); the ring releases completed regions between loops, outside the timing. Device time per step: CUDA events around each step's copies, all queued behind a sleep
-so that the copies run back to back. Methods are interleaved in every repeat; medians after warm-up.
+never waits); the ring releases completed regions between loops, outside the timing. Device time
+per step: CUDA events around each step's copies, all queued behind a sleep so that the copies run
+back to back. Methods are interleaved in every repeat; medians after warm-up.
 Without a GPU only the host part runs, on CPU tensors (conversion and writes, no copies).
 """
+
 import argparse
 import os
 import statistics
@@ -23,13 +25,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
 import _report  # noqa: E402
 import _timing  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 from _baselines import CpuGpuBuffer, PackedPinnedBuffer  # noqa: E402
 from microbench import GpuBusy, ratio  # noqa: E402
+
 import pinstage  # noqa: E402
 from pinstage import Field, StaticInputs  # noqa: E402
 
@@ -54,7 +56,7 @@ METHOD_NOTES = {
     "stage_into": "8 x pinstage.stage_into(values, static[:n]): 8 copies",
     "vllm_buffer": "8 x (pinned[:n] numpy fill; gpu[:n].copy_(pinned[:n], non_blocking=True)): vLLM's CpuGpuBuffer",
     "unguarded": "one persistent pinned buffer laid out like the StaticInputs allocation, numpy fill, the same "
-                 "single copy; unsafe on reuse, timing only",
+    "single copy; unsafe on reuse, timing only",
 }
 # A stream takes about a thousand pending operations; past that every launch blocks until the GPU
 # drains, a wait that would be the benchmark's doing.
@@ -137,7 +139,7 @@ def measure_cell(methods, repeats, steps, busy, warmup):
     covered = {name: 0 for name in methods}
     with _timing.GcPaused():
         for _ in range(warmup):
-            for name, call in methods.items():
+            for call in methods.values():
                 host_sample(call, steps, busy, sleep_us)
                 device_sample(call, steps, busy, sleep_us, events)
         for round_index in range(repeats):
@@ -147,9 +149,15 @@ def measure_cell(methods, repeats, steps, busy, warmup):
                 host[name].append(us)
                 covered[name] += ok
                 device[name].append(device_sample(call, steps, busy, sleep_us, events))
-    return {name: {"host": _timing.summarize_ns([v * 1000.0 for v in host[name]]),
-                   "device": _timing.summarize_ns([v * 1000.0 for v in device[name]]),
-                   "loops_covered": covered[name], "loops": repeats} for name in methods}
+    return {
+        name: {
+            "host": _timing.summarize_ns([v * 1000.0 for v in host[name]]),
+            "device": _timing.summarize_ns([v * 1000.0 for v in device[name]]),
+            "loops_covered": covered[name],
+            "loops": repeats,
+        }
+        for name in methods
+    }
 
 
 def run_gpu(args, report):
@@ -164,9 +172,15 @@ def run_gpu(args, report):
         methods = gpu_methods(inputs, step_values(n, n), n, dev)
         result = measure_cell(methods, args.repeats, steps, busy, args.warmup)
         cells.append({"bs": n, "steps_per_loop": steps, "methods": result})
-        print("  bs %4d: static_inputs host %s us, device %s us" % (
-            n, _report.fmt_us(result["static_inputs"]["host"]["median_us"]),
-            _report.fmt_us(result["static_inputs"]["device"]["median_us"])), file=sys.stderr)
+        print(
+            "  bs %4d: static_inputs host %s us, device %s us"
+            % (
+                n,
+                _report.fmt_us(result["static_inputs"]["host"]["median_us"]),
+                _report.fmt_us(result["static_inputs"]["device"]["median_us"]),
+            ),
+            file=sys.stderr,
+        )
     after = pinstage.stats(dev)
     report["sections"]["gpu"] = cells
     report["pinstage_stats"] = {k: after[k] - before[k] for k in ("calls", "copies", "overflows", "waits", "fallbacks")}
@@ -177,7 +191,6 @@ def median(cell, method, kind):
     return None if res is None else res[kind]["median_us"]
 
 
-
 def print_gpu(report):
     for kind, title in (("host", "host us per step (GPU busy)"), ("device", "device us per step (CUDA events)")):
         print()
@@ -186,9 +199,14 @@ def print_gpu(report):
         for cell in report["sections"]["gpu"]:
             m = cell["methods"]
             s = median(cell, "static_inputs", kind)
-            rows.append([cell["bs"]] + [_report.fmt_us(m[k][kind]["median_us"], (m[k][kind]["min_us"], m[k][kind]["max_us"]))
-                                        for k in METHODS]
-                        + [_report.fmt_ratio(ratio(s, median(cell, k, kind))) for k in METHODS[1:]])
+            rows.append(
+                [cell["bs"]]
+                + [
+                    _report.fmt_us(m[k][kind]["median_us"], (m[k][kind]["min_us"], m[k][kind]["max_us"]))
+                    for k in METHODS
+                ]
+                + [_report.fmt_ratio(ratio(s, median(cell, k, kind))) for k in METHODS[1:]]
+            )
         _report.print_table(rows)
     print("(x method: static_inputs time / that method's time)")
     for name in METHODS:
@@ -202,26 +220,49 @@ def gpu_checks(report):
     for kind in ("host", "device"):
         for peer in ("stage_into", "vllm_buffer"):
             r = None if cell is None else ratio(median(cell, "static_inputs", kind), median(cell, peer, kind))
-            out.append(_report.check("bs 256: static_inputs / 8 x %s, %s time" % (peer, kind), r,
-                                     "<= %g" % OVER_EIGHT_COPIES, None if r is None else r <= OVER_EIGHT_COPIES))
+            out.append(
+                _report.check(
+                    "bs 256: static_inputs / 8 x %s, %s time" % (peer, kind),
+                    r,
+                    "<= %g" % OVER_EIGHT_COPIES,
+                    None if r is None else r <= OVER_EIGHT_COPIES,
+                )
+            )
     for kind in ("host", "device"):
         worst, where = None, ""
         for bs, c in cells.items():
             r = ratio(median(c, "static_inputs", kind), median(c, "unguarded", kind))
             if r is not None and (worst is None or r > worst):
                 worst, where = r, "at bs %d" % bs
-        out.append(_report.check("static_inputs / unguarded single copy, %s time, worst bs" % kind, worst,
-                                 "<= %g" % OVER_UNGUARDED, None if worst is None else worst <= OVER_UNGUARDED, where))
+        out.append(
+            _report.check(
+                "static_inputs / unguarded single copy, %s time, worst bs" % kind,
+                worst,
+                "<= %g" % OVER_UNGUARDED,
+                None if worst is None else worst <= OVER_UNGUARDED,
+                where,
+            )
+        )
     uncovered = sum(r["loops"] - r["loops_covered"] for c in cells.values() for r in c["methods"].values())
-    out.append(_report.check("host loops that outran their sleep (the host may have waited)", uncovered, "== 0",
-                             uncovered == 0))
+    out.append(
+        _report.check(
+            "host loops that outran their sleep (the host may have waited)", uncovered, "== 0", uncovered == 0
+        )
+    )
     stats = report["pinstage_stats"]
-    out.append(_report.check("ring overflows and waits over the run", stats["overflows"] + stats["waits"], "== 0",
-                             stats["overflows"] + stats["waits"] == 0))
+    out.append(
+        _report.check(
+            "ring overflows and waits over the run",
+            stats["overflows"] + stats["waits"],
+            "== 0",
+            stats["overflows"] + stats["waits"] == 0,
+        )
+    )
     return out
 
 
 # ----------------------------------------------------------------------------------------- CPU part
+
 
 def run_cpu(args, report):
     """Host time of the writes alone (CPU tensors: no copies): StaticInputs.stage against 8 stage_into
@@ -242,8 +283,7 @@ def run_cpu(args, report):
             for column, x in columns:
                 column[:n] = x
 
-        methods = {"static_inputs": lambda: inputs.stage(values, n), "stage_into": stage_into_x8,
-                   "numpy": numpy_x8}
+        methods = {"static_inputs": lambda: inputs.stage(values, n), "stage_into": stage_into_x8, "numpy": numpy_x8}
         stats = _timing.interleaved(methods, args.repeats, sample_ms=2.0)
         cells.append({"bs": n, "methods": {name: {"host": summary} for name, summary in stats.items()}})
     report["sections"]["cpu"] = cells
@@ -257,14 +297,20 @@ def print_cpu(report):
     for cell in report["sections"]["cpu"]:
         m = cell["methods"]
         s = median(cell, "static_inputs", "host")
-        rows.append([cell["bs"]] + [_report.fmt_us(m[k]["host"]["median_us"], (m[k]["host"]["min_us"], m[k]["host"]["max_us"]))
-                                    for k in names]
-                    + [_report.fmt_ratio(ratio(s, median(cell, k, "host"))) for k in names[1:]])
+        rows.append(
+            [cell["bs"]]
+            + [
+                _report.fmt_us(m[k]["host"]["median_us"], (m[k]["host"]["min_us"], m[k]["host"]["max_us"]))
+                for k in names
+            ]
+            + [_report.fmt_ratio(ratio(s, median(cell, k, "host"))) for k in names[1:]]
+        )
     _report.print_table(rows)
     print("  numpy: 8 numpy slice assignments into the statics' .numpy() views (no conversion checks)")
 
 
 # -------------------------------------------------------------------------------------------- main
+
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -285,10 +331,17 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     use_gpu = torch.cuda.is_available() and not args.cpu_only
-    report = {"meta": dict(_report.machine_meta(), repeats=args.repeats, warmup=args.warmup, max_bs=MAX_BS,
-                           fields={k: [str(f.dtype), list(f.shape)] for k, f in FIELDS.items()},
-                           mode="gpu" if use_gpu else "cpu"),
-              "sections": {}}
+    report = {
+        "meta": dict(
+            _report.machine_meta(),
+            repeats=args.repeats,
+            warmup=args.warmup,
+            max_bs=MAX_BS,
+            fields={k: [str(f.dtype), list(f.shape)] for k, f in FIELDS.items()},
+            mode="gpu" if use_gpu else "cpu",
+        ),
+        "sections": {},
+    }
     if use_gpu:
         print("pinstage StaticInputs microbenchmark on %s (torch %s)" % (report["meta"]["gpu"], torch.__version__))
         run_gpu(args, report)

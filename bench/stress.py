@@ -9,6 +9,7 @@ watched, and a burst whose overflow memory empty_cache() gives back.
 Every staged tensor holds 64 int64 values base + arange(64), with a base unique to the staging, so
 each chunk of results is checked on its stream against values made on the device (no copy back).
 """
+
 import argparse
 import os
 import sys
@@ -23,6 +24,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 import _report  # noqa: E402
+
 import pinstage  # noqa: E402
 from pinstage.builders import BatchState, Request  # noqa: E402
 
@@ -122,8 +124,10 @@ def race(stagings, threads, streams_per_thread, ring_bytes):
     before = pinstage.stats()
     per_thread = stagings // threads
     sleep_cycles = 2_000_000  # ~1 ms per chunk: the chunk's copies queue behind it, so the ring fills
-    workers = [Worker(t, [torch.cuda.Stream() for _ in range(streams_per_thread)], per_thread, sleep_cycles)
-               for t in range(threads)]
+    workers = [
+        Worker(t, [torch.cuda.Stream() for _ in range(streams_per_thread)], per_thread, sleep_cycles)
+        for t in range(threads)
+    ]
     t0 = time.perf_counter()
     pool = [threading.Thread(target=w.run) for w in workers]
     for p in pool:
@@ -223,21 +227,53 @@ def checks(report, stagings):
     r, s, b = report["race"], report["steady"], report["burst"]
     return [
         _report.check("stagings in the race run", r["stagings"], ">= %d" % stagings, r["stagings"] >= stagings),
-        _report.check("corrupt values", r["corrupt_values"], "== 0", r["corrupt_values"] == 0 and not r["errors"],
-                      "; ".join(r["errors"])),
-        _report.check("bytes counted by stats() = bytes staged", r["bytes_staged"], "== %d" % r["bytes_expected"],
-                      r["bytes_staged"] == r["bytes_expected"]),
-        _report.check("in-flight bytes after a synchronize", r["in_flight_bytes_after_sync"] + r["fetch_in_flight_bytes_after_sync"],
-                      "== 0", r["in_flight_bytes_after_sync"] + r["fetch_in_flight_bytes_after_sync"] == 0),
-        _report.check("the small ring wrapped and overflowed", r["wraps"], "> 0 (and overflows > 0)",
-                      r["wraps"] > 0 and r["overflows"] > 0, "overflows %d" % r["overflows"]),
-        _report.check("steady state: pinned bytes growth", s["pinned_bytes_after"] - s["pinned_bytes_before"], "== 0",
-                      s["pinned_bytes_after"] == s["pinned_bytes_before"]),
-        _report.check("steady state: events created", s["events_created_after"] - s["events_created_before"], "== 0",
-                      s["events_created_after"] == s["events_created_before"]),
-        _report.check("steady state: RSS growth (bytes)", s["rss_growth_bytes"], "< 16 MiB", s["rss_growth_bytes"] < 16 << 20),
-        _report.check("burst: overflow memory after empty_cache()", b["overflow_reserved_bytes_after_empty_cache"], "== 0",
-                      b["overflow_reserved_bytes_after_empty_cache"] == 0 and b["values_ok"]),
+        _report.check(
+            "corrupt values",
+            r["corrupt_values"],
+            "== 0",
+            r["corrupt_values"] == 0 and not r["errors"],
+            "; ".join(r["errors"]),
+        ),
+        _report.check(
+            "bytes counted by stats() = bytes staged",
+            r["bytes_staged"],
+            "== %d" % r["bytes_expected"],
+            r["bytes_staged"] == r["bytes_expected"],
+        ),
+        _report.check(
+            "in-flight bytes after a synchronize",
+            r["in_flight_bytes_after_sync"] + r["fetch_in_flight_bytes_after_sync"],
+            "== 0",
+            r["in_flight_bytes_after_sync"] + r["fetch_in_flight_bytes_after_sync"] == 0,
+        ),
+        _report.check(
+            "the small ring wrapped and overflowed",
+            r["wraps"],
+            "> 0 (and overflows > 0)",
+            r["wraps"] > 0 and r["overflows"] > 0,
+            "overflows %d" % r["overflows"],
+        ),
+        _report.check(
+            "steady state: pinned bytes growth",
+            s["pinned_bytes_after"] - s["pinned_bytes_before"],
+            "== 0",
+            s["pinned_bytes_after"] == s["pinned_bytes_before"],
+        ),
+        _report.check(
+            "steady state: events created",
+            s["events_created_after"] - s["events_created_before"],
+            "== 0",
+            s["events_created_after"] == s["events_created_before"],
+        ),
+        _report.check(
+            "steady state: RSS growth (bytes)", s["rss_growth_bytes"], "< 16 MiB", s["rss_growth_bytes"] < 16 << 20
+        ),
+        _report.check(
+            "burst: overflow memory after empty_cache()",
+            b["overflow_reserved_bytes_after_empty_cache"],
+            "== 0",
+            b["overflow_reserved_bytes_after_empty_cache"] == 0 and b["values_ok"],
+        ),
     ]
 
 
@@ -257,8 +293,11 @@ def main():
     if args.quick:
         args.stagings, args.steady_calls = 50_000, 50_000
     report = {"meta": _report.machine_meta()}
-    print("race: %d stagings, %d threads x %d streams, %d-byte ring" % (args.stagings, args.threads,
-                                                                      args.streams_per_thread, args.ring_bytes), flush=True)
+    print(
+        "race: %d stagings, %d threads x %d streams, %d-byte ring"
+        % (args.stagings, args.threads, args.streams_per_thread, args.ring_bytes),
+        flush=True,
+    )
     report["race"] = race(args.stagings, args.threads, args.streams_per_thread, args.ring_bytes)
     print(report["race"], flush=True)
     report["steady"] = steady_state(args.steady_calls)

@@ -14,6 +14,7 @@ to one or the other), so that their samples interleave: a sample is a loop of ca
 samples is reported in microseconds per call. Without a GPU, vLLM's helpers and pinstage both copy
 on the CPU: the figures then compare two CPU copies and say nothing about staging.
 """
+
 import argparse
 import os
 import sys
@@ -49,8 +50,12 @@ def variants(vllm):
     from pinstage.integrations import vllm as plugin
 
     pool, buffer = vllm.buffer_utils.UvaBufferPool, vllm.v1_utils.CpuGpuBuffer
-    names = [(vllm.torch_utils, "async_tensor_h2d"), (pool, "copy_to_uva"), (pool, "copy_to_gpu"),
-             (buffer, "copy_to_gpu")]
+    names = [
+        (vllm.torch_utils, "async_tensor_h2d"),
+        (pool, "copy_to_uva"),
+        (pool, "copy_to_gpu"),
+        (buffer, "copy_to_gpu"),
+    ]
     originals = [vars(owner)[name] for owner, name in names]
     plugin.enable()
     routed = [vars(owner)[name] for owner, name in names]
@@ -83,6 +88,7 @@ def helper_calls(vllm, fns, n, device):
         def make(f):
             pool = vllm.buffer_utils.UvaBufferPool(n, torch.int32)
             return lambda: f[key](pool, data)
+
         return make
 
     cases["UvaBufferPool.copy_to_uva(list)"] = per_variant(pool_call("pool_to_uva", as_list))
@@ -113,9 +119,15 @@ def checks(rows, on_gpu):
     if row is None:
         return []
     ratio = row["us"]["pinstage"] / row["us"]["vllm"]
-    return [_report.check("async_tensor_h2d 256 int32 (list): plugin / vLLM host time", ratio,
-                          "<= %.2f" % H2D_256_RATIO, ratio <= H2D_256_RATIO if on_gpu else None,
-                          "" if on_gpu else "no GPU: CPU copies, not staging")]
+    return [
+        _report.check(
+            "async_tensor_h2d 256 int32 (list): plugin / vLLM host time",
+            ratio,
+            "<= %.2f" % H2D_256_RATIO,
+            ratio <= H2D_256_RATIO if on_gpu else None,
+            "" if on_gpu else "no GPU: CPU copies, not staging",
+        )
+    ]
 
 
 def main():
@@ -128,8 +140,10 @@ def main():
     on_gpu = torch.cuda.is_available()
     device = "cuda" if on_gpu else "cpu"
     meta = _report.machine_meta()
-    print("vLLM 0.33 staging helpers: host microseconds per call on %s (device=%s, torch %s)"
-          % (meta["gpu"] or meta["cpu"], device, meta["torch"]))
+    print(
+        "vLLM 0.33 staging helpers: host microseconds per call on %s (device=%s, torch %s)"
+        % (meta["gpu"] or meta["cpu"], device, meta["torch"])
+    )
     if not on_gpu:
         print("No GPU: vLLM's helpers and pinstage both copy on the CPU here; run on a GPU for the figures that count.")
 
@@ -138,22 +152,44 @@ def main():
     for n in (int(s) for s in args.sizes.split(",")):
         for case, calls in helper_calls(vllm, fns, n, device).items():
             stats = _timing.interleaved(calls, args.repeats, args.sample_ms)
-            rows.append(dict(case=case, n=n, us={v: s["median_us"] for v, s in stats.items()},
-                             spread={v: [s["min_us"], s["max_us"]] for v, s in stats.items()}))
+            rows.append(
+                dict(
+                    case=case,
+                    n=n,
+                    us={v: s["median_us"] for v, s in stats.items()},
+                    spread={v: [s["min_us"], s["max_us"]] for v, s in stats.items()},
+                )
+            )
             print("  measured %s n %d" % (case, n), file=sys.stderr, flush=True)
 
     table = [["helper (int32)", "n", "vLLM", "pinstage", "pinstage / vLLM"]]
     for r in rows:
-        table.append([r["case"], r["n"], _report.fmt_us(r["us"]["vllm"], r["spread"]["vllm"]),
-                      _report.fmt_us(r["us"]["pinstage"], r["spread"]["pinstage"]),
-                      _report.fmt_ratio(r["us"]["pinstage"] / r["us"]["vllm"])])
+        table.append(
+            [
+                r["case"],
+                r["n"],
+                _report.fmt_us(r["us"]["vllm"], r["spread"]["vllm"]),
+                _report.fmt_us(r["us"]["pinstage"], r["spread"]["pinstage"]),
+                _report.fmt_ratio(r["us"]["pinstage"] / r["us"]["vllm"]),
+            ]
+        )
     _report.print_table(table)
     print("Host us per call: median [min-max] of %d samples per cell." % args.repeats)
     found = checks(rows, on_gpu)
     _report.print_checks(found)
     if args.json:
-        _report.write_json(args.json, dict(meta=meta, device=device, vllm="0.33.0", repeats=args.repeats,
-                                           sample_ms=args.sample_ms, results=rows, checks=found))
+        _report.write_json(
+            args.json,
+            dict(
+                meta=meta,
+                device=device,
+                vllm="0.33.0",
+                repeats=args.repeats,
+                sample_ms=args.sample_ms,
+                results=rows,
+                checks=found,
+            ),
+        )
     if any(c["ok"] is False for c in found):
         sys.exit(1)
 

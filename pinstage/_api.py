@@ -1,4 +1,5 @@
 """pinstage's public functions: signatures, types and documentation in front of the compiled core."""
+
 from typing import Any, Iterable, List, Optional, Sequence, Tuple, TypedDict, Union
 
 import torch
@@ -9,8 +10,9 @@ Device = Union[torch.device, str, int, None]
 RingFullError = _C.RingFullError
 
 
-def stage_to_device(data: Any, dtype: torch.dtype, stream: Optional[torch.cuda.Stream] = None, *,
-                    device: Device = None) -> torch.Tensor:
+def stage_to_device(
+    data: Any, dtype: torch.dtype, stream: Optional[torch.cuda.Stream] = None, *, device: Device = None
+) -> torch.Tensor:
     """torch.tensor(data, dtype=dtype) on the GPU, without waiting for it.
 
     The values are converted straight into pinned ring memory and moved by one asynchronous copy on
@@ -30,8 +32,9 @@ def stage_to_device(data: Any, dtype: torch.dtype, stream: Optional[torch.cuda.S
     return _C.stage_to_device(data, dtype, stream, device)
 
 
-def stage_many(items: Iterable[Tuple[Any, torch.dtype]], stream: Optional[torch.cuda.Stream] = None, *,
-               device: Device = None) -> List[torch.Tensor]:
+def stage_many(
+    items: Iterable[Tuple[Any, torch.dtype]], stream: Optional[torch.cuda.Stream] = None, *, device: Device = None
+) -> List[torch.Tensor]:
     """[(data, dtype), ...] -> [tensor, ...], as stage_to_device each, in ONE copy.
 
     Every item goes into one ring region (each 16-byte aligned) and one device allocation, moved by
@@ -143,26 +146,26 @@ class Stats(TypedDict):
 
     device: str
     ring_allocated: bool
-    on_full: str                       # what a full ring does: "overflow", "wait" or "error"
-    ring_bytes: int                    # the staging ring's size
-    calls: int                         # staging calls
-    bytes_staged: int                  # bytes they moved
-    copies: int                        # host-to-device copies enqueued
-    fallbacks: int                     # items converted by torch.tensor, not pinstage's converters
-    in_flight_bytes: int               # ring bytes still read by copies
+    on_full: str  # what a full ring does: "overflow", "wait" or "error"
+    ring_bytes: int  # the staging ring's size
+    calls: int  # staging calls
+    bytes_staged: int  # bytes they moved
+    copies: int  # host-to-device copies enqueued
+    fallbacks: int  # items converted by torch.tensor, not pinstage's converters
+    in_flight_bytes: int  # ring bytes still read by copies
     peak_in_flight_bytes: int
-    pending_regions: int               # ring regions not yet released
-    overflows: int                     # requests served by overflow blocks
-    waits: int                         # waits under on_full="wait"
-    wraps: int                         # times the ring's allocation went back to its start
-    events_created: int                # CUDA events made (none in steady state)
-    overflow_reserved_bytes: int       # pinned overflow blocks kept now
+    pending_regions: int  # ring regions not yet released
+    overflows: int  # requests served by overflow blocks
+    waits: int  # waits under on_full="wait"
+    wraps: int  # times the ring's allocation went back to its start
+    events_created: int  # CUDA events made (none in steady state)
+    overflow_reserved_bytes: int  # pinned overflow blocks kept now
     overflow_peak_reserved_bytes: int  # ... at most
-    overflow_in_flight_bytes: int      # ... in use by copies
-    fetches: int                       # fetch_to_host calls
-    fetch_bytes: int                   # bytes they brought back
-    fetch_in_flight_bytes: int         # fetch ring and overflow bytes not yet released
-    fetch_overflows: int               # fetches served by overflow blocks
+    overflow_in_flight_bytes: int  # ... in use by copies
+    fetches: int  # fetch_to_host calls
+    fetch_bytes: int  # bytes they brought back
+    fetch_in_flight_bytes: int  # fetch ring and overflow bytes not yet released
+    fetch_overflows: int  # fetches served by overflow blocks
 
 
 def stats(device: Device = None) -> Stats:
@@ -171,8 +174,7 @@ def stats(device: Device = None) -> Stats:
     return _C.stats(device)
 
 
-def configure(*, ring_bytes: Optional[int] = None, on_full: Optional[str] = None,
-              device: Device = None) -> None:
+def configure(*, ring_bytes: Optional[int] = None, on_full: Optional[str] = None, device: Device = None) -> None:
     """Ring size and what to do when a ring is full, for one device or (device=None) every device
     and the rings made later.
 
@@ -180,8 +182,9 @@ def configure(*, ring_bytes: Optional[int] = None, on_full: Optional[str] = None
     environment variable PINSTAGE_RING_BYTES takes "16M", configure takes 16 << 20); default 8 MiB.
     on_full: "overflow" (serve from a pinned overflow block, never wait: the default), "wait" (wait
     for the oldest copy; where the oldest region is still being written or read, which waiting
-    could never end, an overflow block serves instead) or "error" (raise RingFullError). Resizing retires the old ring memory,
-    freed once its copies have completed (at a later configure() or empty_cache()).
+    could never end, an overflow block serves instead) or "error" (raise RingFullError). Resizing
+    retires the old ring memory, freed once its copies have completed (at a later configure() or
+    empty_cache()).
     """
     _C.configure(ring_bytes, on_full, device)
 

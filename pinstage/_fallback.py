@@ -7,6 +7,7 @@ a byte order or layout it does not read, any other object) comes here, so result
 torch.tensor's by construction. Errors keep torch's exception
 type; the message gains the index, value and dtype of the first element torch refuses.
 """
+
 import torch
 
 # torch.tensor's nesting limit; the search below never goes deeper (a self-nested list is finite

@@ -1,4 +1,5 @@
 """pinstage.StaticInputs: a CUDA graph's static inputs in one allocation, filled by one copy per step."""
+
 import operator
 from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple, Union
 
@@ -8,8 +9,9 @@ from . import _C
 from ._api import Device
 
 # A Python dispatch mode (FakeTensorMode) must not see the fills: the core reads their bytes.
-_PYTHON_DISPATCH = (torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
-                    | torch._C.DispatchKeySet(torch._C.DispatchKey.PythonTLSSnapshot))
+_PYTHON_DISPATCH = torch._C.DispatchKeySet(torch._C.DispatchKey.Python) | torch._C.DispatchKeySet(
+    torch._C.DispatchKey.PythonTLSSnapshot
+)
 _INT64_MAX = 2**63 - 1
 
 
@@ -53,8 +55,9 @@ class StaticInputs:
 
     def __init__(self, fields: Mapping[str, Field], max_bs: int, device: Device = None):
         if not isinstance(fields, Mapping):
-            raise TypeError("pinstage.StaticInputs: fields must be a dict of name -> Field, got %s"
-                            % type(fields).__name__)
+            raise TypeError(
+                "pinstage.StaticInputs: fields must be a dict of name -> Field, got %s" % type(fields).__name__
+            )
         specs = [_field_spec(name, field) for name, field in fields.items()]
         self._max_bs = operator.index(max_bs)
         if not 0 < self._max_bs <= _INT64_MAX:
@@ -93,8 +96,9 @@ class StaticInputs:
         return self._core.device
 
     def __repr__(self):
-        fields = ", ".join("%s: %s%s" % (name, str(v.dtype).replace("torch.", ""), list(v.shape))
-                           for name, v in self._views.items())
+        fields = ", ".join(
+            "%s: %s%s" % (name, str(v.dtype).replace("torch.", ""), list(v.shape)) for name, v in self._views.items()
+        )
         return "<pinstage.StaticInputs max_bs=%d on %s: %s>" % (self._max_bs, self.device, fields)
 
 
@@ -108,20 +112,25 @@ def _field_spec(name, field):
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
-        raise ValueError("pinstage.StaticInputs: field name %r is not valid text (it holds a lone surrogate)"
-                         % name) from None
+        raise ValueError(
+            "pinstage.StaticInputs: field name %r is not valid text (it holds a lone surrogate)" % name
+        ) from None
     if not isinstance(field, Field):
-        raise TypeError("pinstage.StaticInputs: field '%s' must be a pinstage.Field, got %s"
-                        % (name, type(field).__name__))
+        raise TypeError(
+            "pinstage.StaticInputs: field '%s' must be a pinstage.Field, got %s" % (name, type(field).__name__)
+        )
     _C._check_dtype(field.dtype, "field '%s' dtype" % name)  # again: Field._replace skips Field()
     try:
         shape = tuple(operator.index(s) for s in field.shape)
     except TypeError:
-        raise TypeError("pinstage.StaticInputs: field '%s': shape must be a tuple of ints, got %r"
-                        % (name, field.shape)) from None
+        raise TypeError(
+            "pinstage.StaticInputs: field '%s': shape must be a tuple of ints, got %r" % (name, field.shape)
+        ) from None
     if any(not 0 <= s <= _INT64_MAX for s in shape):
-        raise ValueError("pinstage.StaticInputs: field '%s': shape %r: each dimension must be between 0 and "
-                         "2**63 - 1" % (name, shape))
+        raise ValueError(
+            "pinstage.StaticInputs: field '%s': shape %r: each dimension must be between 0 and "
+            "2**63 - 1" % (name, shape)
+        )
     try:
         with torch._C._ExcludeDispatchKeyGuard(_PYTHON_DISPATCH):
             fill = torch.full((), field.fill, dtype=field.dtype, device="cpu")

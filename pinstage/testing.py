@@ -1,4 +1,5 @@
 """Helpers for tests of code that stages data: proof that nothing synchronises."""
+
 import contextlib
 
 import torch

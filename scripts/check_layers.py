@@ -5,6 +5,7 @@ ring (pinned memory and fences), copy (device/stream targets, copies through the
 (stage_to_device & co., StaticInputs), ops (torch.ops.pinstage), bindings (the Python module).
 Usage: python scripts/check_layers.py [csrc folder]; prints each upward include, exits 1 if any.
 """
+
 import os
 import re
 import sys

@@ -4,6 +4,7 @@ goes on, so a reused ring region shows up as a wrong value and a host wait as a 
 torch.cuda._sleep counts GPU cycles; sleeps are sized for a ~2 GHz clock. No test concludes anything
 from how long a call took: "the host did not wait" is an event still pending after the call.
 """
+
 import torch
 
 CYCLES_PER_US = 2000

@@ -1,5 +1,6 @@
 """What a process that SGLang spawns sees: run in a multiprocessing "spawn" child (as SGLang starts
 its scheduler processes) by test_sglang_switch.py. Imports nothing heavy before it looks."""
+
 import sys
 
 
@@ -13,5 +14,8 @@ def report(root):
     from pinstage.integrations import sglang
 
     filter_batch = sg.ScheduleBatch.__dict__["filter_batch"]
-    return {**before, "enabled": sglang.is_enabled(),
-            "filter_batch_replaced": getattr(filter_batch, "__wrapped__", None) is not None}
+    return {
+        **before,
+        "enabled": sglang.is_enabled(),
+        "filter_batch_replaced": getattr(filter_batch, "__wrapped__", None) is not None,
+    }

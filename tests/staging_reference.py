@@ -4,6 +4,7 @@ Every expectation in the tests comes from torch.tensor(data, dtype=dtype); nothi
 what a conversion should give. The generators only choose inputs that stress the converter (bounds,
 big unsigned ints, nan/inf, double-rounding cases for the half types).
 """
+
 import math
 import random
 import re
@@ -110,7 +111,7 @@ def natural_values(dtype, n, rng):
     if dtype.is_floating_point:
         fixed = SPECIAL_FLOATS + DOUBLE_ROUNDING_CASES
         out = []
-        for i in range(n):
+        for _ in range(n):
             r = rng.random()
             if r < 0.15:
                 out.append(fixed[rng.randrange(len(fixed))])
@@ -229,9 +230,7 @@ def assert_matches_reference(call, data, dtype, what=""):
             want_exc,
         )
         return exc
-    raise AssertionError(
-        "%s: returned %r; torch.tensor raises %s(%s)" % (what, got, type(want_exc).__name__, want_exc)
-    )
+    raise AssertionError("%s: returned %r; torch.tensor raises %s(%s)" % (what, got, type(want_exc).__name__, want_exc))
 
 
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf(?:inity)?)", re.I)

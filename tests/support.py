@@ -1,6 +1,7 @@
 """What the tests share: the checkout's root, the device list, child processes, builder requests and
 their comparison, a busy stream. pinstage is imported inside the helpers: conftest imports ROOT from
 here before it puts the checkout on sys.path."""
+
 import os
 import subprocess
 import sys
@@ -26,12 +27,20 @@ def run_child(script, timeout=180):
     faulthandler on, so that a crash or a hang fails one test instead of the run. Returns its stdout."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     try:
-        proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", textwrap.dedent(script)], env=env,
-                              capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(
+            [sys.executable, "-X", "faulthandler", "-c", textwrap.dedent(script)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail("the child did not finish in %d s (a wait that cannot end)" % timeout)
-    assert proc.returncode == 0, "exit %d\nstdout:\n%s\nstderr:\n%s" % (proc.returncode, proc.stdout[-3000:],
-                                                                       proc.stderr[-3000:])
+    assert proc.returncode == 0, "exit %d\nstdout:\n%s\nstderr:\n%s" % (
+        proc.returncode,
+        proc.stdout[-3000:],
+        proc.stderr[-3000:],
+    )
     return proc.stdout
 
 

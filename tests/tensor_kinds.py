@@ -1,4 +1,5 @@
 """Tensors that have no memory of their own, for the tests that check pinstage refuses to copy them."""
+
 import torch
 
 

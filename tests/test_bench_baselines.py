@@ -3,6 +3,7 @@ claim to (the engines' copy patterns give the builders' results, the decode loop
 copy and its snapshots write the static inputs), every decode-loop backend and the ideals' replays
 drive the same continuous batch to the same tokens (the benchmark asserts it; run small here), and
 the builders' table fits a terminal."""
+
 import contextlib
 import io
 import os
@@ -23,8 +24,6 @@ import builders  # noqa: E402
 import decode_loop  # noqa: E402
 
 from pinstage.builders import write_cache_indices  # noqa: E402
-
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
 def test_every_builder_method_gives_the_batch_states_result():
@@ -82,8 +81,9 @@ def test_packed_buffer_writes_rows_and_fills_in_one_copy():
     for n in (3, 1):  # after a larger batch, the last field's rows beyond n are refilled too
         packed.write({name: v[:n] for name, v in values.items()}, n)
         for name, (dtype, fill) in graphs.fields.items():
-            expected = torch.cat([torch.tensor(values[name][:n], dtype=dtype),
-                                  torch.full((inputs.max_bs - n,), fill, dtype=dtype)])
+            expected = torch.cat(
+                [torch.tensor(values[name][:n], dtype=dtype), torch.full((inputs.max_bs - n,), fill, dtype=dtype)]
+            )
             assert torch.equal(inputs[name], expected), (name, n)
 
 
@@ -102,8 +102,10 @@ def test_snapshot_restores_every_static_input():
 
 def test_builders_table_fits_in_120_columns():
     wide = {m: 12345.6 for m in builders.METHODS}
-    rows = [dict(builder=b, bs=1024, us=dict(wide), spread={m: [0.5, 99999.0] for m in wide})
-            for b in ("penalty_last_token_ids", "write_cache_indices", "logits")]
+    rows = [
+        dict(builder=b, bs=1024, us=dict(wide), spread={m: [0.5, 99999.0] for m in wide})
+        for b in ("penalty_last_token_ids", "write_cache_indices", "logits")
+    ]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         builders.print_table(rows, repeats=15)
@@ -126,8 +128,17 @@ def one_thread():
 def test_every_backend_generates_the_same_tokens(device, one_thread):
     """One round of every backend (the rounds' rotation is checked below). A short context keeps
     max_new_tokens small: in 12 steps about half the requests finish and others join."""
-    cfg = decode_loop.Config(batch_size=5, forward_ms=0.2, steps=12, warmup_steps=1, admit_every=2, vocab=256,
-                             d_model=32, n_heads=2, max_ctx=68)
+    cfg = decode_loop.Config(
+        batch_size=5,
+        forward_ms=0.2,
+        steps=12,
+        warmup_steps=1,
+        admit_every=2,
+        vocab=256,
+        d_model=32,
+        n_heads=2,
+        max_ctx=68,
+    )
     dev = torch.device(device)
     cycles = decode_loop.sleep_cycles_per_us() if device == "cuda" else 0.0
     results = decode_loop.run_config(cfg, dev, cycles, repeats=1)  # raises if two backends' tokens differ

@@ -1,20 +1,31 @@
 """BatchState: its per-step builders give the tensors the list-of-requests builders give for the
 same requests, through any sequence of add / remove / filter / merge / append_tokens."""
+
 import numpy as np
 import pytest
 import torch
-from staging_reference import assert_same_tensor
-from support import (
-    DEVICES, assert_fields_equal, random_params, reference_decode_inputs, reference_last_token_ids,
-    reference_sampling_batch, run_while_stream_busy,
-)
 from hypothesis import HealthCheck, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from staging_reference import assert_same_tensor
+from support import (
+    DEVICES,
+    assert_fields_equal,
+    random_params,
+    reference_decode_inputs,
+    reference_last_token_ids,
+    reference_sampling_batch,
+    run_while_stream_busy,
+)
 
 import pinstage
 from pinstage.builders import (
-    BatchState, Request, SamplingParams, build_decode_inputs, build_penalty_last_token_ids, build_sampling_batch,
+    BatchState,
+    Request,
+    SamplingParams,
+    build_decode_inputs,
+    build_penalty_last_token_ids,
+    build_sampling_batch,
 )
 
 
@@ -28,7 +39,9 @@ def assert_state_matches_requests(state, requests, device="cpu"):
     """Every per-step builder of the state equals the list builder on `requests` (the model)."""
     assert len(state) == len(requests)
     assert_fields_equal(state.decode_inputs(device=device), build_decode_inputs(requests, device=device))
-    assert_same_tensor(state.penalty_last_token_ids(device=device), build_penalty_last_token_ids(requests, device=device))
+    assert_same_tensor(
+        state.penalty_last_token_ids(device=device), build_penalty_last_token_ids(requests, device=device)
+    )
     params = [r.sampling_params for r in requests]
     for deterministic in (False, True):
         got = state.sampling_batch(enable_deterministic_sampling=deterministic, device=device)
@@ -205,8 +218,11 @@ def test_top_k_beyond_int32_is_refused_as_the_list_builder_refuses_it():
     params = SamplingParams(top_k=2**31)
     state = BatchState()
     state.add(Request([5], [6]))
-    with pytest.raises(RuntimeError, match=r"BatchState.add: sampling_params.top_k = 2147483648 cannot be "
-                                           r"converted to torch.int32: value cannot be converted to type int32"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"BatchState.add: sampling_params.top_k = 2147483648 cannot be "
+        r"converted to torch.int32: value cannot be converted to type int32",
+    ):
         state.add(Request([1], sampling_params=params))
     with pytest.raises(RuntimeError, match=r"request 0: top_k = 2147483648 cannot be converted to torch.int32"):
         build_sampling_batch([params], device="cpu")
@@ -261,8 +277,10 @@ def three_requests():
 def test_filter_and_remove_take_integer_slots_only(method, slots, error, message):
     """A boolean mask is refused, not read as slots 0 and 1; the state is unchanged."""
     state = three_requests()
-    with pytest.raises(error, match=rf"BatchState.{method}: .*{message}" if error is not IndexError
-                       else rf"BatchState.{method}: {message}"):
+    with pytest.raises(
+        error,
+        match=rf"BatchState.{method}: .*{message}" if error is not IndexError else rf"BatchState.{method}: {message}",
+    ):
         getattr(state, method)(slots)
     assert len(state) == 3 and state.decode_inputs(device="cpu").input_ids.tolist() == [1, 2, 3]
 
@@ -282,10 +300,14 @@ def test_append_tokens_refuses_tokens_beyond_int64_as_add_does(token, kind):
     if kind != "list" and token >= 2**64:
         pytest.skip("not a uint64")
     state = three_requests()
-    tokens = {"uint64 array": lambda: np.array([7, token, 9], dtype=np.uint64),
-              "uint64 tensor": lambda: torch.tensor(np.array([7, token, 9], dtype=np.uint64)),
-              "list": lambda: [7, token, 9]}[kind]()
-    with pytest.raises(ValueError, match=rf"BatchState.append_tokens: token 1 must be in \[-{2**63}, {2**63 - 1}\], got {token}$"):
+    tokens = {
+        "uint64 array": lambda: np.array([7, token, 9], dtype=np.uint64),
+        "uint64 tensor": lambda: torch.tensor(np.array([7, token, 9], dtype=np.uint64)),
+        "list": lambda: [7, token, 9],
+    }[kind]()
+    with pytest.raises(
+        ValueError, match=rf"BatchState.append_tokens: token 1 must be in \[-{2**63}, {2**63 - 1}\], got {token}$"
+    ):
         state.append_tokens(tokens)
     with pytest.raises(ValueError, match="last token id must be in"):
         state.add(Request([token]))
@@ -309,8 +331,9 @@ def test_sampling_tensors_are_staged_again_only_when_membership_changes(rng):
         before = calls()
         got = state.sampling_batch(enable_deterministic_sampling=deterministic, device="cpu")
         assert calls() - before == int(expect_staging)
-        want = build_sampling_batch([r.sampling_params for r in members],
-                                    enable_deterministic_sampling=deterministic, device="cpu")
+        want = build_sampling_batch(
+            [r.sampling_params for r in members], enable_deterministic_sampling=deterministic, device="cpu"
+        )
         assert_fields_equal(got, want)
         return got
 
@@ -379,8 +402,10 @@ def test_batch_state_builders_do_not_wait_for_a_busy_stream(rng):
     pairs = [
         (lambda: state.decode_inputs(stream=stream), lambda: reference_decode_inputs(requests, "cuda")),
         (lambda: state.penalty_last_token_ids(stream=stream), lambda: reference_last_token_ids(requests, "cuda")),
-        (lambda: restaged_sampling_batch(state, stream),
-         lambda: reference_sampling_batch(params, "cuda", enable_deterministic_sampling=True)),
+        (
+            lambda: restaged_sampling_batch(state, stream),
+            lambda: reference_sampling_batch(params, "cuda", enable_deterministic_sampling=True),
+        ),
     ]
     for build, expected in pairs:
         build()

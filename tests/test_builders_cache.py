@@ -25,8 +25,13 @@ def random_batch(rng, bs, device):
     out_cache_loc = torch.randint(0, 1 << 20, (sum(extend_lens),), dtype=torch.int64, device=device)
     table = torch.full((bs + 5, MAX_CONTEXT_LEN), SENTINEL, dtype=torch.int32, device=device)
     return dict(
-        req_to_token=table, req_pool_indices=rows, prefix_tensors=prefix_tensors, prefix_lens=prefix_lens,
-        seq_lens=seq_lens, extend_lens=extend_lens, out_cache_loc=out_cache_loc,
+        req_to_token=table,
+        req_pool_indices=rows,
+        prefix_tensors=prefix_tensors,
+        prefix_lens=prefix_lens,
+        seq_lens=seq_lens,
+        extend_lens=extend_lens,
+        out_cache_loc=out_cache_loc,
     )
 
 
@@ -108,20 +113,54 @@ BAD_INPUTS = [
     ("extend_lens", "3", TypeError, r"request 2: extend_lens must be an int"),
     ("prefix_lens", 5.0, TypeError, r"request 2: prefix_lens must be an int, got float"),  # not truncated
     ("prefix_tensors", [1, 2, 3], TypeError, r"request 2: prefix_tensors entry must be a tensor"),
-    ("prefix_tensors", torch.zeros(30, dtype=torch.int32), TypeError, r"request 2: prefix_tensors entry must be torch.int64, got torch.int32"),
-    ("prefix_tensors", torch.zeros(30, dtype=torch.int64, device="meta"), ValueError,
-     r"request 2: prefix_tensors entry is on meta but req_to_token is on cpu"),
-    ("prefix_tensors", torch.zeros(1, dtype=torch.int64), ValueError,
-     r"request 2: prefix_tensors entry has 1 elements but prefix_lens is 5"),
-    ("prefix_tensors", torch.zeros(60, dtype=torch.int64)[::2], ValueError,
-     r"request 2: prefix_tensors entry must be contiguous"),
-    ("prefix_tensors", torch.zeros(6, 6, dtype=torch.int64), ValueError, r"request 2: prefix_tensors entry must be 1-D"),
-    ("out_cache_loc", torch.zeros(3, dtype=torch.int64), ValueError, r"extend_lens add up to \d+ but out_cache_loc has 3"),
-    ("out_cache_loc", torch.zeros(3, dtype=torch.int32), TypeError, r"out_cache_loc must be torch.int64, got torch.int32"),
+    (
+        "prefix_tensors",
+        torch.zeros(30, dtype=torch.int32),
+        TypeError,
+        r"request 2: prefix_tensors entry must be torch.int64, got torch.int32",
+    ),
+    (
+        "prefix_tensors",
+        torch.zeros(30, dtype=torch.int64, device="meta"),
+        ValueError,
+        r"request 2: prefix_tensors entry is on meta but req_to_token is on cpu",
+    ),
+    (
+        "prefix_tensors",
+        torch.zeros(1, dtype=torch.int64),
+        ValueError,
+        r"request 2: prefix_tensors entry has 1 elements but prefix_lens is 5",
+    ),
+    (
+        "prefix_tensors",
+        torch.zeros(60, dtype=torch.int64)[::2],
+        ValueError,
+        r"request 2: prefix_tensors entry must be contiguous",
+    ),
+    (
+        "prefix_tensors",
+        torch.zeros(6, 6, dtype=torch.int64),
+        ValueError,
+        r"request 2: prefix_tensors entry must be 1-D",
+    ),
+    (
+        "out_cache_loc",
+        torch.zeros(3, dtype=torch.int64),
+        ValueError,
+        r"extend_lens add up to \d+ but out_cache_loc has 3",
+    ),
+    (
+        "out_cache_loc",
+        torch.zeros(3, dtype=torch.int32),
+        TypeError,
+        r"out_cache_loc must be torch.int64, got torch.int32",
+    ),
 ]
 
 
-@pytest.mark.parametrize("field, value, error, message", BAD_INPUTS, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD_INPUTS)])
+@pytest.mark.parametrize(
+    "field, value, error, message", BAD_INPUTS, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD_INPUTS)]
+)
 def test_bad_input_raises_before_anything_is_written(rng, field, value, error, message):
     batch = random_batch(rng, 4, "cpu")
     batch["prefix_lens"][2], batch["seq_lens"][2], batch["extend_lens"][2] = 5, 9, 4
@@ -168,8 +207,13 @@ def test_integer_tensors_and_arrays_of_any_width_are_columns(rng):
     expected = reference(batch)
     columns = ("req_pool_indices", "prefix_lens", "seq_lens", "extend_lens")
     strided = lambda v: torch.tensor(v).repeat_interleave(2)[::2]  # noqa: E731
-    for convert in (lambda v: torch.tensor(v, dtype=torch.int32), torch.tensor, strided,
-                    lambda v: np.array(v, dtype=np.uint16), lambda v: [np.int32(x) for x in v]):
+    for convert in (
+        lambda v: torch.tensor(v, dtype=torch.int32),
+        torch.tensor,
+        strided,
+        lambda v: np.array(v, dtype=np.uint16),
+        lambda v: [np.int32(x) for x in v],
+    ):
         batch["req_to_token"].fill_(SENTINEL)
         write_cache_indices(*(convert(v) if k in columns else v for k, v in batch.items()))
         assert torch.equal(batch["req_to_token"], expected)
@@ -198,7 +242,14 @@ def op_args(rows, prefix_lens, seq_lens, offsets, prefix_sizes):
         ([0, 4], [0, 0], [1, 1], [0, 1], [0, 0], r"request 1: req_pool_indices is 4"),
         ([0, 1], [0, 2], [1, 1], [0, 1], [0, 2], r"request 1: seq_lens \(1\) < prefix_lens \(2\)"),
         ([0, 1], [0, 0], [1, 2], [0, 1], [0, 0], r"request 1: out_cache_offsets is 1 with 2 new tokens, outside"),
-        ([0, 1], [0, 2], [1, 3], [0, 1], [0, 1], r"request 1: prefix_tensors entry has 1 elements but prefix_lens is 2"),
+        (
+            [0, 1],
+            [0, 2],
+            [1, 3],
+            [0, 1],
+            [0, 1],
+            r"request 1: prefix_tensors entry has 1 elements but prefix_lens is 2",
+        ),
     ],
 )
 def test_compiled_op_checks_cpu_values_itself(rows, prefix_lens, seq_lens, offsets, prefix_sizes, message):
@@ -228,16 +279,20 @@ def test_compiled_op_checks_tensor_arguments():
     table = torch.zeros(4, 8, dtype=torch.int32)
     rows_t, prefixes, prefix_t, seq_t, offsets_t = op_args([0], [0], [1], [0], [0])
     with pytest.raises(TypeError, match="request 0: prefix_tensors entry must be torch.int64, got torch.int32"):
-        torch.ops.pinstage.write_cache_indices(table, rows_t, [prefixes[0].int()], prefix_t, seq_t, offsets_t,
-                                               torch.arange(1))
+        torch.ops.pinstage.write_cache_indices(
+            table, rows_t, [prefixes[0].int()], prefix_t, seq_t, offsets_t, torch.arange(1)
+        )
     with pytest.raises(ValueError, match="prefix_tensors has 2 entries but req_pool_indices has 1"):
         torch.ops.pinstage.write_cache_indices(table, rows_t, prefixes * 2, prefix_t, seq_t, offsets_t, torch.arange(1))
     # One count message for the op and its host plan; then the shape.
     with pytest.raises(ValueError, match="seq_lens has 2 entries but req_pool_indices has 1"):
-        torch.ops.pinstage.write_cache_indices(table, rows_t, prefixes, prefix_t, torch.arange(2), offsets_t, torch.arange(1))
+        torch.ops.pinstage.write_cache_indices(
+            table, rows_t, prefixes, prefix_t, torch.arange(2), offsets_t, torch.arange(1)
+        )
     with pytest.raises(ValueError, match="seq_lens must be a contiguous 1-D tensor of 1 elements"):
-        torch.ops.pinstage.write_cache_indices(table, rows_t, prefixes, prefix_t, torch.ones(1, 1, dtype=torch.int64),
-                                               offsets_t, torch.arange(1))
+        torch.ops.pinstage.write_cache_indices(
+            table, rows_t, prefixes, prefix_t, torch.ones(1, 1, dtype=torch.int64), offsets_t, torch.arange(1)
+        )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -246,16 +301,20 @@ def test_a_prefix_tensor_without_memory_of_its_own_is_refused_on_the_host(device
     process loses its context). The builder and the op itself refuse it before anything runs."""
     table = torch.full((2, 8), SENTINEL, dtype=torch.int32, device=device)
     out_cache_loc = torch.tensor([9], dtype=torch.int64, device=device)
-    for prefix in (WrapperTensor(torch.arange(4, device=device)), torch._efficientzerotensor(4, device=device,
-                                                                                         dtype=torch.int64)):
+    for prefix in (
+        WrapperTensor(torch.arange(4, device=device)),
+        torch._efficientzerotensor(4, device=device, dtype=torch.int64),
+    ):
         # Through the dispatcher (the builder calls the op) a zero tensor arrives materialised as a
         # stride-0 expansion: refused as not contiguous.
-        refused = pytest.raises((TypeError, ValueError),
-                                match="request 0: prefix_tensors entry (has no memory|must be contig)")
+        refused = pytest.raises(
+            (TypeError, ValueError), match="request 0: prefix_tensors entry (has no memory|must be contig)"
+        )
         with refused:
             write_cache_indices(table, [0], [prefix], [2], [3], [1], out_cache_loc)
-        rows_t, _, prefix_t, seq_t, offsets_t = (t.to(device) if isinstance(t, torch.Tensor) else t
-                                                 for t in op_args([0], [2], [3], [0], [0]))
+        rows_t, _, prefix_t, seq_t, offsets_t = (
+            t.to(device) if isinstance(t, torch.Tensor) else t for t in op_args([0], [2], [3], [0], [0])
+        )
         with refused:
             torch.ops.pinstage.write_cache_indices(table, rows_t, [prefix], prefix_t, seq_t, offsets_t, out_cache_loc)
     if device == "cuda":
@@ -275,18 +334,21 @@ def test_cuda_op_takes_cpu_values_and_device_values_alike(rng):
     for where in ("cpu", "cuda"):
         batch["req_to_token"].fill_(SENTINEL)
         rows_t, prefix_t, seq_t, offsets_t = (t.to(where) for t in (*cpu, offsets))
-        torch.ops.pinstage.write_cache_indices(batch["req_to_token"], rows_t, batch["prefix_tensors"], prefix_t, seq_t,
-                                               offsets_t, batch["out_cache_loc"])
+        torch.ops.pinstage.write_cache_indices(
+            batch["req_to_token"], rows_t, batch["prefix_tensors"], prefix_t, seq_t, offsets_t, batch["out_cache_loc"]
+        )
         torch.cuda.synchronize()
         assert torch.equal(batch["req_to_token"].cpu(), reference(batch)), where
     batch["req_to_token"].fill_(SENTINEL)
     short = [p[:0] for p in batch["prefix_tensors"]]
     with pytest.raises(ValueError, match="prefix_tensors entry has 0 elements but prefix_lens is"):
-        torch.ops.pinstage.write_cache_indices(batch["req_to_token"], *cpu[:1], short, *cpu[1:], offsets,
-                                               batch["out_cache_loc"])
+        torch.ops.pinstage.write_cache_indices(
+            batch["req_to_token"], *cpu[:1], short, *cpu[1:], offsets, batch["out_cache_loc"]
+        )
     rows_d, prefix_d, seq_d, offsets_d = (t.cuda() for t in (*cpu, offsets))
-    torch.ops.pinstage.write_cache_indices(batch["req_to_token"], rows_d, short, prefix_d, seq_d, offsets_d,
-                                           batch["out_cache_loc"])
+    torch.ops.pinstage.write_cache_indices(
+        batch["req_to_token"], rows_d, short, prefix_d, seq_d, offsets_d, batch["out_cache_loc"]
+    )
     torch.cuda.synchronize()
     skipped = [row for row, p in zip(batch["req_pool_indices"], batch["prefix_lens"]) if p > 0]
     assert skipped and (batch["req_to_token"][skipped] == SENTINEL).all()
@@ -336,7 +398,7 @@ def test_cuda_op_refuses_a_capturing_stream(rng):
     stream = torch.cuda.Stream()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        doubled = batch["out_cache_loc"] * 2  # the graph captures something
+        batch["out_cache_loc"] * 2  # the graph captures something
         with pytest.raises(RuntimeError, match="(?i)captur"):
             run(batch)
     run(batch)
@@ -367,8 +429,14 @@ def test_the_op_computes_the_offsets_from_host_values(rng, device):
     if device == "cuda":
         on_device = [t.to(device) for t in cpu]
         with pytest.raises(ValueError, match="out_cache_offsets may be None only when the per-request values are CPU"):
-            torch.ops.pinstage.write_cache_indices(table, *on_device[:1], prefixes, *on_device[1:], None,
-                                                   out_cache_loc)
+            torch.ops.pinstage.write_cache_indices(table, *on_device[:1], prefixes, *on_device[1:], None, out_cache_loc)
         with pytest.raises(ValueError, match="extend_lens is checked on the host"):
-            torch.ops.pinstage.write_cache_indices(table, *on_device[:1], prefixes, *on_device[1:],
-                                                   offsets.to(device), out_cache_loc, torch.tensor(extend_lens))
+            torch.ops.pinstage.write_cache_indices(
+                table,
+                *on_device[:1],
+                prefixes,
+                *on_device[1:],
+                offsets.to(device),
+                out_cache_loc,
+                torch.tensor(extend_lens),
+            )

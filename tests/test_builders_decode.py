@@ -2,8 +2,13 @@ import pytest
 import torch
 from staging_reference import assert_same_tensor
 from support import (
-    BATCH_SIZES, DEVICES, assert_fields_equal,
-    random_requests, reference_decode_inputs, reference_last_token_ids, run_while_stream_busy,
+    BATCH_SIZES,
+    DEVICES,
+    assert_fields_equal,
+    random_requests,
+    reference_decode_inputs,
+    reference_last_token_ids,
+    run_while_stream_busy,
 )
 
 from pinstage.builders import Request, build_decode_inputs, build_penalty_last_token_ids

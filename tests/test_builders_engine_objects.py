@@ -2,7 +2,7 @@
 (sglang/srt/managers/schedule_batch.py, sglang/srt/sampling/sampling_params.py): the row at
 req.kv.req_pool_idx, output_ids an array("q"), slotted classes, no .penalties and no .validate().
 They must give exactly what pinstage's own Request and SamplingParams give for the same values."""
-import math
+
 import math
 from array import array
 from typing import List, Optional
@@ -13,7 +13,12 @@ from staging_reference import assert_same_tensor
 from support import DEVICES, assert_fields_equal, random_params, random_requests
 
 from pinstage.builders import (
-    TOP_K_ALL, BatchState, Request, SamplingParams, build_decode_inputs, build_penalty_last_token_ids,
+    TOP_K_ALL,
+    BatchState,
+    Request,
+    SamplingParams,
+    build_decode_inputs,
+    build_penalty_last_token_ids,
     build_sampling_batch,
 )
 
@@ -33,12 +38,31 @@ class EngineSamplingParams:
     """SGLang's SamplingParams: the sampling fields plus others the builders must not need; slotted
     (SGLang's is a msgspec.Struct), so nothing can be read that it does not define."""
 
-    __slots__ = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
-                 "repetition_penalty", "sampling_seed", "max_new_tokens", "stop_strs", "logit_bias")
+    __slots__ = (
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "frequency_penalty",
+        "presence_penalty",
+        "repetition_penalty",
+        "sampling_seed",
+        "max_new_tokens",
+        "stop_strs",
+        "logit_bias",
+    )
 
     def __init__(self, params: SamplingParams):
-        for name in ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
-                     "repetition_penalty", "sampling_seed"):
+        for name in (
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "frequency_penalty",
+            "presence_penalty",
+            "repetition_penalty",
+            "sampling_seed",
+        ):
             setattr(self, name, getattr(params, name))
         self.max_new_tokens, self.stop_strs, self.logit_bias = 128, [], None
 
@@ -70,13 +94,16 @@ def engine_batch(rng, bs):
 def test_list_builders_read_engine_objects(rng, device, bs):
     requests, reqs = engine_batch(rng, bs)
     assert_fields_equal(build_decode_inputs(reqs, device=device), build_decode_inputs(requests, device=device))
-    assert_same_tensor(build_penalty_last_token_ids(reqs, device=device),
-                       build_penalty_last_token_ids(requests, device=device))
+    assert_same_tensor(
+        build_penalty_last_token_ids(reqs, device=device), build_penalty_last_token_ids(requests, device=device)
+    )
     for deterministic in (False, True):
-        got = build_sampling_batch([r.sampling_params for r in reqs],
-                                   enable_deterministic_sampling=deterministic, device=device)
-        want = build_sampling_batch([r.sampling_params for r in requests],
-                                    enable_deterministic_sampling=deterministic, device=device)
+        got = build_sampling_batch(
+            [r.sampling_params for r in reqs], enable_deterministic_sampling=deterministic, device=device
+        )
+        want = build_sampling_batch(
+            [r.sampling_params for r in requests], enable_deterministic_sampling=deterministic, device=device
+        )
         assert_fields_equal(got, want)
     rows = torch.tensor([r.req_pool_idx for r in requests], dtype=torch.int64)
     assert_same_tensor(build_decode_inputs(reqs, device=device).req_pool_indices.cpu(), rows)
@@ -103,8 +130,9 @@ def test_penalties_are_read_from_the_three_fields():
     state = BatchState()
     state.add(EngineReq(Request([1], sampling_params=SamplingParams(presence_penalty=0.75))))
     assert state.need_penalties
-    assert_same_tensor(state.sampling_batch(device="cpu").penalties,
-                       torch.tensor([[0.0, 0.75, 1.0]], dtype=torch.float32))
+    assert_same_tensor(
+        state.sampling_batch(device="cpu").penalties, torch.tensor([[0.0, 0.75, 1.0]], dtype=torch.float32)
+    )
 
 
 def test_engine_params_are_validated_as_pinstage_params_are():
@@ -137,8 +165,17 @@ def test_a_request_without_a_row_is_refused_naming_it():
 def test_row_on_the_request_is_preferred_to_the_kv_record():
     """An object with both (a transition between versions) is read at req.req_pool_idx."""
     req = EngineReq(Request([1], req_pool_idx=5))
-    both = type("Both", (), {"origin_input_ids": [1], "output_ids": [], "req_pool_idx": 7, "kv": req.kv,
-                             "sampling_params": req.sampling_params})()
+    both = type(
+        "Both",
+        (),
+        {
+            "origin_input_ids": [1],
+            "output_ids": [],
+            "req_pool_idx": 7,
+            "kv": req.kv,
+            "sampling_params": req.sampling_params,
+        },
+    )()
     assert build_decode_inputs([both], device="cpu").req_pool_indices.tolist() == [7]
 
 
@@ -155,7 +192,6 @@ def test_sampling_fields_are_not_required_to_be_pinstage_types():
     batch = build_sampling_batch([greedy, EngineSamplingParams(SamplingParams())], device="cpu")
     assert_same_tensor(batch.top_ks, torch.tensor([1, TOP_K_ALL], dtype=torch.int32))
     assert batch.need_top_k and not batch.is_all_greedy
-
 
 
 def test_non_finite_temperature_of_engine_params_is_refused():

@@ -46,8 +46,6 @@ def test_worked_example(device):
     assert got.pruned_row_indices.tolist() == [0, 1, 2, 3, 8, 12, 13, 14]
 
 
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bs", BATCH_SIZES)
 def test_logprob_indices_equal_the_reference_on_the_device(rng, device, bs):
@@ -74,7 +72,9 @@ def test_numpy_lengths_equal_lists(rng):
     lens, starts = random_batch(rng, 50)
     want = build_logprob_indices(lens, starts, device="cpu")
     for lens_dtype, starts_dtype in ((np.int64, np.int64), (np.int32, np.int32), (np.int64, np.int32)):
-        got = build_logprob_indices(np.array(lens, dtype=lens_dtype), np.array(starts, dtype=starts_dtype), device="cpu")
+        got = build_logprob_indices(
+            np.array(lens, dtype=lens_dtype), np.array(starts, dtype=starts_dtype), device="cpu"
+        )
         assert_fields_equal(got, want)
 
 
@@ -95,8 +95,18 @@ def test_edge_starts(bs):
         (4, None, TypeError, r"request 2: extend_logprob_start_lens must be an int, got NoneType None"),
         (2.5, 0, TypeError, r"request 2: extend_seq_lens must be an int, got float 2.5"),
         ("4", 0, TypeError, r"request 2: extend_seq_lens must be an int, got str '4'"),
-        (2**64 - 1, 0, ValueError, r"request 2: extend_seq_lens must fit int64 \(at most 2\*\*63 - 1\), got 18446744073709551615"),
-        (4, 2**64 - 1, ValueError, r"request 2: extend_logprob_start_lens must be in \[0, extend_seq_lens=4\], got 18446744073709551615"),
+        (
+            2**64 - 1,
+            0,
+            ValueError,
+            r"request 2: extend_seq_lens must fit int64 \(at most 2\*\*63 - 1\), got 18446744073709551615",
+        ),
+        (
+            4,
+            2**64 - 1,
+            ValueError,
+            r"request 2: extend_logprob_start_lens must be in \[0, extend_seq_lens=4\], got 18446744073709551615",
+        ),
     ],
 )
 def test_invalid_lengths_name_the_request(bs, n, start, error, message):

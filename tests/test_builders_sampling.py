@@ -4,9 +4,12 @@ import pytest
 import torch
 from staging_reference import assert_same_tensor
 from support import (
+    BATCH_SIZES,
+    DEVICES,
+    assert_fields_equal,
     random_params,
-    BATCH_SIZES, DEVICES, assert_fields_equal,
-    reference_sampling_batch, run_while_stream_busy,
+    reference_sampling_batch,
+    run_while_stream_busy,
 )
 
 from pinstage.builders import DEFAULT_SAMPLING_SEED, TOP_K_ALL, SamplingParams, build_sampling_batch

@@ -4,6 +4,7 @@ The reference for rows [0, n) of every field is torch.tensor of the list-of-requ
 values (build_decode_inputs, build_sampling_batch: no ring, no StaticInputs) on the same requests, and
 torch.tensor for the caller's extra values; rows [n, max_bs) hold the fill the StaticInputs declares.
 """
+
 import numpy as np
 import pytest
 import torch
@@ -60,13 +61,21 @@ def reference_rows(requests, extra):
     params = [r.sampling_params for r in requests]
     sampling = reference_sampling_batch(params, "cpu", enable_deterministic_sampling=True)
     rows = {
-        "input_ids": decode.input_ids, "seq_lens": decode.seq_lens, "req_pool_indices": decode.req_pool_indices,
-        "temperatures": sampling.temperatures, "top_ps": sampling.top_ps, "top_ks": sampling.top_ks,
-        "min_ps": sampling.min_ps, "seeds": sampling.seeds,
+        "input_ids": decode.input_ids,
+        "seq_lens": decode.seq_lens,
+        "req_pool_indices": decode.req_pool_indices,
+        "temperatures": sampling.temperatures,
+        "top_ps": sampling.top_ps,
+        "top_ks": sampling.top_ks,
+        "min_ps": sampling.min_ps,
+        "seeds": sampling.seeds,
     }
     for k, name in enumerate(PENALTY_NAMES):  # the builder leaves penalties out when no request has any
-        rows[name] = (sampling.penalties[:, k] if sampling.penalties is not None
-                      else torch.full((len(requests),), NO_PENALTIES[k], dtype=torch.float32))
+        rows[name] = (
+            sampling.penalties[:, k]
+            if sampling.penalties is not None
+            else torch.full((len(requests),), NO_PENALTIES[k], dtype=torch.float32)
+        )
     rows.update({name: torch.as_tensor(v, dtype=EXTRA_FIELDS[name].dtype) for name, v in extra.items()})
     return rows
 
@@ -75,8 +84,9 @@ def reference_views(inputs, fields, requests, extra):
     """What every view of `inputs` (declared as `fields`) must hold after stage_static."""
     rows, n = reference_rows(requests, extra), len(requests)
     return {
-        name: torch.cat([rows[name].reshape((n,) + f.shape),
-                         torch.full((inputs.max_bs - n,) + f.shape, f.fill, dtype=f.dtype)])
+        name: torch.cat(
+            [rows[name].reshape((n,) + f.shape), torch.full((inputs.max_bs - n,) + f.shape, f.fill, dtype=f.dtype)]
+        )
         for name, f in fields.items()
     }
 
@@ -109,8 +119,11 @@ def test_views_equal_the_list_builders_row_for_row_and_the_fill_past_the_batch(r
 def test_stages_exactly_the_fields_a_static_inputs_declares(rng):
     """A StaticInputs declared by the caller (its own fills and row shapes, no penalties or seeds,
     no extra) takes only its own fields from the state."""
-    fields = {"input_ids": Field(torch.int64, fill=7), "temperatures": Field(torch.float32, fill=2.0),
-              "top_ks": Field(torch.int64, fill=-1)}
+    fields = {
+        "input_ids": Field(torch.int64, fill=7),
+        "temperatures": Field(torch.float32, fill=2.0),
+        "top_ks": Field(torch.int64, fill=-1),
+    }
     inputs = StaticInputs(fields, max_bs=16)
     state, requests = BatchState(), new_requests(rng, 9)
     for request in requests:
@@ -135,13 +148,25 @@ def test_helper_declares_seeds_and_penalties_only_when_asked():
     [
         (None, 3, KeyError, "no values for 'positions', 'out_cache_loc'"),
         ({"positions": [1, 2, 3]}, 3, KeyError, "no values for 'out_cache_loc'"),
-        ({"positions": [1, 2, 3], "out_cache_loc": [1, 2, 3], "input_ids": [1, 2, 3]}, 3, ValueError,
-         "extra names 'input_ids', which the batch state stages itself"),
-        ({"positions": [1, 2, 3], "out_cache_loc": [1, 2, 3], "page_table": [1, 2, 3]}, 3, ValueError,
-         "unknown field 'page_table'"),
+        (
+            {"positions": [1, 2, 3], "out_cache_loc": [1, 2, 3], "input_ids": [1, 2, 3]},
+            3,
+            ValueError,
+            "extra names 'input_ids', which the batch state stages itself",
+        ),
+        (
+            {"positions": [1, 2, 3], "out_cache_loc": [1, 2, 3], "page_table": [1, 2, 3]},
+            3,
+            ValueError,
+            "unknown field 'page_table'",
+        ),
         ({"positions": [1, 2], "out_cache_loc": [1, 2, 3]}, 3, ValueError, "field .positions."),
-        ({"positions": [1, 2, 3], "out_cache_loc": [1, "x", 3]}, 3, TypeError,
-         "field .out_cache_loc.: .*element \\[1\\] = .x."),
+        (
+            {"positions": [1, 2, 3], "out_cache_loc": [1, "x", 3]},
+            3,
+            TypeError,
+            "field .out_cache_loc.: .*element \\[1\\] = .x.",
+        ),
         ([("positions", [1, 2, 3])], 3, TypeError, "extra must be a dict"),
         ({"positions": list(range(9)), "out_cache_loc": list(range(9))}, 9, ValueError, "max_bs=8"),
     ],
@@ -190,8 +215,12 @@ def test_one_copy_per_call_on_the_callers_stream_without_waiting(rng, cuda_ring,
 def graph_step(v):
     """A step that reads every field, as a captured decode step reads its static inputs."""
     address = v["input_ids"] * 3 + v["seq_lens"] * 1000 + v["req_pool_indices"] + v["positions"] - v["out_cache_loc"]
-    sampling = (v["temperatures"].view(-1) * v["top_ps"] + v["min_ps"] + v["frequency_penalties"]
-                - v["presence_penalties"] * v["repetition_penalties"])
+    sampling = (
+        v["temperatures"].view(-1) * v["top_ps"]
+        + v["min_ps"]
+        + v["frequency_penalties"]
+        - v["presence_penalties"] * v["repetition_penalties"]
+    )
     return address, sampling, v["top_ks"].clamp(max=1 << 20) + (v["seeds"] % 1000).to(torch.int32)
 
 
@@ -220,7 +249,7 @@ def test_graph_captured_on_the_views_replays_as_eager_after_each_stage(rng, cuda
     results, expected = [], []
     overflows = pinstage.stats()["overflows"]
     done = busy(100)
-    for step, target in enumerate([32, 3, 17, 0, 31, 8, 8, 20] * 4):
+    for target in [32, 3, 17, 0, 31, 8, 8, 20] * 4:
         requests = resize(state, requests, target, rng)
         extra = extra_values(rng, target, "tensor")
         state.stage_static(inputs, extra)

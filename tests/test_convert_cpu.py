@@ -3,6 +3,7 @@
 The oracle is always torch.tensor itself (staging_reference.expected); these tests only choose inputs.
 They run on every machine, with device="cpu".
 """
+
 import array
 import enum
 import gc
@@ -10,8 +11,6 @@ import gc
 import numpy as np
 import pytest
 import torch
-
-import pinstage
 from staging_reference import (
     ARRAY_CODE_OF,
     DOUBLE_ROUNDING_CASES,
@@ -31,6 +30,8 @@ from staging_reference import (
     seeded_rng,
     small_ints,
 )
+
+import pinstage
 
 SIZES = [0, 1, 7, 256, 4097]
 # Building numpy inputs from out-of-range doubles (inf by design) makes numpy warn.
@@ -113,8 +114,9 @@ def _input(kind, dtype, n, rng):
         base = torch.tensor(natural_values(dtype, 3 * n, rng), dtype=dtype).reshape(n, 3)
         return base.t()
     if kind == "tensor_float64":
-        return torch.tensor(safe_float_values(dtype, n, rng) if dtype.is_floating_point else small_ints(n, rng),
-                            dtype=torch.float64)
+        return torch.tensor(
+            safe_float_values(dtype, n, rng) if dtype.is_floating_point else small_ints(n, rng), dtype=torch.float64
+        )
     raise AssertionError(kind)
 
 
@@ -158,9 +160,42 @@ def test_matches_torch_tensor(dtype, kind, n):
 
 def _edge_ints(dtype):
     lo, hi = int_bounds(torch.int64 if dtype in (torch.bool,) + tuple(FLOAT_DTYPES) else dtype)
-    vals = {0, 1, -1, lo, hi, lo + 1, hi - 1, hi + 1, lo - 1, 127, 128, -128, -129, 255, 256, -256,
-            32767, 32768, -32769, 65535, 65536, 2**31 - 1, 2**31, -(2**31) - 1, 2**32 - 1, 2**32,
-            2**53 + 1, 2**63 - 1, 2**63, -(2**63), 2**64 - 1, 2**64, -(2**40), 2**100}
+    vals = {
+        0,
+        1,
+        -1,
+        lo,
+        hi,
+        lo + 1,
+        hi - 1,
+        hi + 1,
+        lo - 1,
+        127,
+        128,
+        -128,
+        -129,
+        255,
+        256,
+        -256,
+        32767,
+        32768,
+        -32769,
+        65535,
+        65536,
+        2**31 - 1,
+        2**31,
+        -(2**31) - 1,
+        2**32 - 1,
+        2**32,
+        2**53 + 1,
+        2**63 - 1,
+        2**63,
+        -(2**63),
+        2**64 - 1,
+        2**64,
+        -(2**40),
+        2**100,
+    }
     return sorted(vals)
 
 
@@ -181,9 +216,41 @@ def test_negative_ints(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_float_values(dtype):
-    values = [0.0, -0.0, 0.5, -0.5, 0.99999, 1.0, 1.5, 1.7, -1.7, 2.5, -2.5, 2.7, -2.7, 126.9, 127.5,
-              128.0, 255.9, 256.0, -128.9, -129.0, 65535.5, 2.0**31, 2.0**31 - 0.5, 2.0**32, 2.0**53,
-              2.0**63, -(2.0**63), 2.0**64, 1e20, -1e20, 1e300, 1e-300, 5e-324]
+    values = [
+        0.0,
+        -0.0,
+        0.5,
+        -0.5,
+        0.99999,
+        1.0,
+        1.5,
+        1.7,
+        -1.7,
+        2.5,
+        -2.5,
+        2.7,
+        -2.7,
+        126.9,
+        127.5,
+        128.0,
+        255.9,
+        256.0,
+        -128.9,
+        -129.0,
+        65535.5,
+        2.0**31,
+        2.0**31 - 0.5,
+        2.0**32,
+        2.0**53,
+        2.0**63,
+        -(2.0**63),
+        2.0**64,
+        1e20,
+        -1e20,
+        1e300,
+        1e-300,
+        5e-324,
+    ]
     for v in values + SPECIAL_FLOATS:
         check([v], dtype)
         check([1, v], dtype)
@@ -250,9 +317,19 @@ def test_nested_shapes(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_empty_inputs(dtype):
-    for data in ([], (), [[]], [[], [], []], range(0), range(5, 5), range(5, 0),
-                 np.zeros((0,), dtype=np.int64), np.zeros((3, 0), dtype=np.float32),
-                 torch.zeros(0, 2), array.array("q")):
+    for data in (
+        [],
+        (),
+        [[]],
+        [[], [], []],
+        range(0),
+        range(5, 5),
+        range(5, 0),
+        np.zeros((0,), dtype=np.int64),
+        np.zeros((3, 0), dtype=np.float32),
+        torch.zeros(0, 2),
+        array.array("q"),
+    ):
         want, exc = expected(data, dtype)
         assert exc is None
         got = stage_cpu(data, dtype)
@@ -262,27 +339,76 @@ def test_empty_inputs(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_ranges(dtype):
-    for r in [range(10), range(1), range(0), range(10, -10, -3), range(-5, 5), range(100, 0, -1),
-              range(0, 300, 7), range(250, 260), range(0, 2**40, 2**37), range(2**63 - 3, 2**63 + 2),
-              range(-(2**63), -(2**63) + 3), range(0, 4097)]:
+    for r in [
+        range(10),
+        range(1),
+        range(0),
+        range(10, -10, -3),
+        range(-5, 5),
+        range(100, 0, -1),
+        range(0, 300, 7),
+        range(250, 260),
+        range(0, 2**40, 2**37),
+        range(2**63 - 3, 2**63 + 2),
+        range(-(2**63), -(2**63) + 3),
+        range(0, 4097),
+    ]:
         check(r, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_scalars(dtype):
-    for s in [0, 1, -1, 7, 255, 2**40, 3.5, -2.25, float("nan"), float("inf"), True, False,
-              np.int8(-3), np.uint8(200), np.int16(-300), np.int32(70000), np.int64(-(2**40)),
-              np.uint16(60000), np.uint32(2**32 - 1), np.uint64(2**64 - 1), np.float16(1.5),
-              np.float32(-2.75), np.float64(1e-3), np.bool_(True), np.array(5), np.array(2.5),
-              torch.tensor(3), torch.tensor(1.25), torch.tensor(True)]:
+    for s in [
+        0,
+        1,
+        -1,
+        7,
+        255,
+        2**40,
+        3.5,
+        -2.25,
+        float("nan"),
+        float("inf"),
+        True,
+        False,
+        np.int8(-3),
+        np.uint8(200),
+        np.int16(-300),
+        np.int32(70000),
+        np.int64(-(2**40)),
+        np.uint16(60000),
+        np.uint32(2**32 - 1),
+        np.uint64(2**64 - 1),
+        np.float16(1.5),
+        np.float32(-2.75),
+        np.float64(1e-3),
+        np.bool_(True),
+        np.array(5),
+        np.array(2.5),
+        torch.tensor(3),
+        torch.tensor(1.25),
+        torch.tensor(True),
+    ]:
         check(s, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_numpy_arrays_of_every_dtype(dtype):
     rng = seeded_rng("np", dtype_name(dtype))
-    for np_type in [np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64,
-                    np.uint64, np.float16, np.float32, np.float64]:
+    for np_type in [
+        np.bool_,
+        np.int8,
+        np.uint8,
+        np.int16,
+        np.uint16,
+        np.int32,
+        np.uint32,
+        np.int64,
+        np.uint64,
+        np.float16,
+        np.float32,
+        np.float64,
+    ]:
         arr = np.array(small_ints(37, rng), dtype=np_type)
         check(arr, dtype)
         check(arr.reshape(37, 1), dtype)
@@ -323,8 +449,20 @@ def test_buffers(dtype):
     check(memoryview(bytearray(b"\x05\x06")), dtype)
 
 
-NUMPY_TYPES = [np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64,
-               np.float16, np.float32, np.float64]
+NUMPY_TYPES = [
+    np.bool_,
+    np.int8,
+    np.uint8,
+    np.int16,
+    np.uint16,
+    np.int32,
+    np.uint32,
+    np.int64,
+    np.uint64,
+    np.float16,
+    np.float32,
+    np.float64,
+]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -367,8 +505,17 @@ def test_strided_arrays_of_the_requested_type_are_gathered_in_row_major_order(np
     a = (np.random.default_rng(7).random((7, 6, 5, 4)) * 100).astype(np_type)
     dtype = torch.from_numpy(a).dtype
     before = _fallbacks()
-    for view in (a[:, 0], a[::2], a[:, ::3, 1], a.transpose(3, 1, 0, 2), a[..., 0][::2, ::2], a[:, :, :, 0:1],
-                 np.broadcast_to(a[0, 0, 0], (3, 4)), a[2:4, 0, 0], a[:, 1:4][:, :, ::2]):
+    for view in (
+        a[:, 0],
+        a[::2],
+        a[:, ::3, 1],
+        a.transpose(3, 1, 0, 2),
+        a[..., 0][::2, ::2],
+        a[:, :, :, 0:1],
+        np.broadcast_to(a[0, 0, 0], (3, 4)),
+        a[2:4, 0, 0],
+        a[:, 1:4][:, :, ::2],
+    ):
         assert not view.flags["C_CONTIGUOUS"]
         check(view, dtype, what=f"shape {view.shape} strides {view.strides}")
     assert _fallbacks() == before
@@ -407,8 +554,21 @@ def test_arrays_buffers_and_tensors_take_no_fallback(dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_cpu_tensors(dtype):
     rng = seeded_rng("tensor", dtype_name(dtype))
-    src_dtypes = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16,
-                  torch.uint32, torch.uint64, torch.float16, torch.bfloat16, torch.float32, torch.float64]
+    src_dtypes = [
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.uint16,
+        torch.uint32,
+        torch.uint64,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+    ]
     for src in src_dtypes:
         t = torch.tensor(small_ints(60, rng), dtype=src)
         check(t, dtype)

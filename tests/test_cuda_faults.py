@@ -1,6 +1,7 @@
 """Faults around staging on the GPU: out of device memory, a forked child, torch's empty_cache, a
 graph captured by another thread, and giving overflow memory back. Each must end in a clean
 exception or in correct values, never a hang, a crash or a leaked ring."""
+
 import threading
 
 import pytest

@@ -3,6 +3,7 @@ and conftest skips it where no GPU is visible. A module-level pytest.skip, a ski
 availability or a device list whose "cuda" entry lacks the marker would hide CUDA cases from a GPU
 round that selects with `-m cuda`; this reads the test modules (no import, no GPU needed) and names
 every such place."""
+
 import ast
 import pathlib
 
@@ -81,8 +82,9 @@ def violations(source, name="<test>"):
             siblings = decorated.get(id(node), [])
             if not (any(_has_cuda_mark(s) for s in siblings) or _has_cuda_mark(module_marks)):
                 report(node, "skipif(%s) on a test without the cuda marker" % text)
-        elif isinstance(node, ast.If) and any(_is_call(n, "pytest.skip") and id(n) not in module_skips
-                                              for s in node.body for n in ast.walk(s)):
+        elif isinstance(node, ast.If) and any(
+            _is_call(n, "pytest.skip") and id(n) not in module_skips for s in node.body for n in ast.walk(s)
+        ):
             text, resolved = condition(node.test)
             if "cuda" in resolved.lower() and text != GPU_PRESENT:
                 report(node, "pytest.skip under `if %s` (use the cuda marker)" % text)
@@ -103,30 +105,45 @@ def test_no_test_module_hides_cuda_cases_from_the_marker():
     assert not found, "\n".join(found)
 
 
-@pytest.mark.parametrize("source", [
-    "import pytest, torch\nif not torch.cuda.is_available():\n    pytest.skip('no', allow_module_level=True)\n",
-    "import pytest, torch\nif torch.cuda.device_count() < 2:\n    pytest.skip('two', allow_module_level=True)\n",
-    "import pytest, torch\n@pytest.mark.skipif(not torch.cuda.is_available(), reason='x')\ndef test_a(): pass\n",
-    "import pytest, torch\nHAS = torch.cuda.is_available()\nD = [pytest.param('cuda', marks=pytest.mark.skipif(not HAS, "
-    "reason='x'))]\n",
-    "import pytest\nE = [pytest.param('cuda:1', id='one')]\n",
-    "import pytest, torch\n@pytest.mark.skipif(torch.cuda.device_count() < 2, reason='x')\ndef test_a(): pass\n",
-    "import pytest, torch\ndef test_a():\n    if not torch.cuda.is_available():\n        pytest.skip('x')\n",
-], ids=["module_skip", "module_skip_two_gpus", "skipif_available", "device_list_skipif", "param_without_mark",
-        "two_gpus_without_marker", "skip_in_body"])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import pytest, torch\nif not torch.cuda.is_available():\n    pytest.skip('no', allow_module_level=True)\n",
+        "import pytest, torch\nif torch.cuda.device_count() < 2:\n    pytest.skip('two', allow_module_level=True)\n",
+        "import pytest, torch\n@pytest.mark.skipif(not torch.cuda.is_available(), reason='x')\ndef test_a(): pass\n",
+        "import pytest, torch\nHAS = torch.cuda.is_available()\n"
+        "D = [pytest.param('cuda', marks=pytest.mark.skipif(not HAS, reason='x'))]\n",
+        "import pytest\nE = [pytest.param('cuda:1', id='one')]\n",
+        "import pytest, torch\n@pytest.mark.skipif(torch.cuda.device_count() < 2, reason='x')\ndef test_a(): pass\n",
+        "import pytest, torch\ndef test_a():\n    if not torch.cuda.is_available():\n        pytest.skip('x')\n",
+    ],
+    ids=[
+        "module_skip",
+        "module_skip_two_gpus",
+        "skipif_available",
+        "device_list_skipif",
+        "param_without_mark",
+        "two_gpus_without_marker",
+        "skip_in_body",
+    ],
+)
 def test_each_way_of_hiding_a_cuda_case_is_found(source):
     assert violations(source)
 
 
-@pytest.mark.parametrize("source", [
-    "import pytest\npytestmark = pytest.mark.cuda\n",
-    "import pytest, torch\npytestmark = [pytest.mark.cuda, pytest.mark.skipif(torch.cuda.device_count() < 2, "
-    "reason='x')]\n",
-    "import pytest, torch\n@pytest.mark.cuda\n@pytest.mark.skipif(torch.cuda.device_count() < 2, reason='x')\n"
-    "def test_a(): pass\n",
-    "import pytest\nD = ['cpu', pytest.param('cuda', marks=pytest.mark.cuda)]\n",
-    "import pytest, torch\n@pytest.mark.skipif(torch.cuda.is_available(), reason='checks the CPU default')\n"
-    "def test_a(): pass\n",
-], ids=["module_mark", "two_gpus", "two_gpus_on_a_test", "device_list", "cpu_only_check"])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import pytest\npytestmark = pytest.mark.cuda\n",
+        "import pytest, torch\npytestmark = [pytest.mark.cuda, pytest.mark.skipif(torch.cuda.device_count() < 2, "
+        "reason='x')]\n",
+        "import pytest, torch\n@pytest.mark.cuda\n@pytest.mark.skipif(torch.cuda.device_count() < 2, reason='x')\n"
+        "def test_a(): pass\n",
+        "import pytest\nD = ['cpu', pytest.param('cuda', marks=pytest.mark.cuda)]\n",
+        "import pytest, torch\n@pytest.mark.skipif(torch.cuda.is_available(), reason='checks the CPU default')\n"
+        "def test_a(): pass\n",
+    ],
+    ids=["module_mark", "two_gpus", "two_gpus_on_a_test", "device_list", "cpu_only_check"],
+)
 def test_the_marker_ways_pass(source):
     assert violations(source) == []

@@ -4,6 +4,7 @@ The race tests keep the stream busy with torch.cuda._sleep so that every copy is
 the host stages thousands more through a ring of a few KiB: a region written again before its copy
 ran would show up as a wrong value once the GPU catches up. Every expectation is torch.tensor's.
 """
+
 import os
 import subprocess
 import sys
@@ -13,8 +14,6 @@ import threading
 import numpy as np
 import pytest
 import torch
-
-import pinstage
 from gpu_busy import CYCLES_PER_US, assert_still_busy, busy
 from staging_reference import (
     DTYPES,
@@ -26,6 +25,8 @@ from staging_reference import (
     seeded_rng,
 )
 from threads import run_in_threads
+
+import pinstage
 
 DTYPE_IDS = [dtype_name(d) for d in DTYPES]
 # Building numpy inputs from out-of-range doubles (inf by design) makes numpy warn.
@@ -57,7 +58,7 @@ def issue_in_chunks(requests, records, streams=(None,), sleep_ms=80):
     for start in range(0, len(requests), CHUNK):
         torch.cuda.synchronize()
         dones = [busy(sleep_ms, s) for s in streams]
-        for i, request in enumerate(requests[start:start + CHUNK]):
+        for i, request in enumerate(requests[start : start + CHUNK]):
             _issue(request, records, streams[i % len(streams)])
         for done in dones:
             assert_still_busy(done, "stagings %d..%d were issued" % (start, start + CHUNK))
@@ -110,8 +111,18 @@ def _stats():
 
 
 # A mix of dtypes and lengths for the race tests; each call's values are distinct random numbers.
-RACE_DTYPES = [torch.int64, torch.int32, torch.float32, torch.float64, torch.int16, torch.uint8,
-               torch.bfloat16, torch.float16, torch.uint64, torch.bool]
+RACE_DTYPES = [
+    torch.int64,
+    torch.int32,
+    torch.float32,
+    torch.float64,
+    torch.int16,
+    torch.uint8,
+    torch.bfloat16,
+    torch.float16,
+    torch.uint64,
+    torch.bool,
+]
 
 
 def _race_inputs(count, rng, max_len=64):
@@ -177,9 +188,15 @@ def test_matches_torch_tensor(dtype, kind, n):
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_nested_and_scalar_inputs(dtype):
     rng = seeded_rng("cuda-nested", dtype_name(dtype))
-    for data in ([natural_values(dtype, 3, rng) for _ in range(5)],
-                 [[natural_values(dtype, 2, rng) for _ in range(3)] for _ in range(2)],
-                 natural_values(dtype, 1, rng)[0], range(0), [[], []], True, 3):
+    for data in (
+        [natural_values(dtype, 3, rng) for _ in range(5)],
+        [[natural_values(dtype, 2, rng) for _ in range(3)] for _ in range(2)],
+        natural_values(dtype, 1, rng)[0],
+        range(0),
+        [[], []],
+        True,
+        3,
+    ):
         want, exc = expected(data, dtype)
         if exc is not None:
             with pytest.raises(type(exc)):
@@ -288,7 +305,9 @@ def test_no_reuse_race_with_overflow():
     after = _stats()
     check_staged(records)
     assert after["overflows"] > before["overflows"], "a %d-byte ring served %d queued stagings without overflow" % (
-        SMALL_RING, len(queued))
+        SMALL_RING,
+        len(queued),
+    )
     assert after["calls"] - before["calls"] == len(queued) + len(trickled) + 1, "calls were lost or double-counted"
     assert after["waits"] == before["waits"], "on_full='overflow' waited"
 
@@ -507,8 +526,10 @@ def test_stage_into_feeds_captured_graph(dtype):
     torch.cuda.synchronize()
 
     # |x| <= 127 keeps x * 2 + 1 exact in every dtype here, bfloat16 included.
-    rounds = [[float(rng.randint(-127, 127)) if dtype.is_floating_point else rng.randint(-127, 127)
-               for _ in range(n)] for _ in range(12)]
+    rounds = [
+        [float(rng.randint(-127, 127)) if dtype.is_floating_point else rng.randint(-127, 127) for _ in range(n)]
+        for _ in range(12)
+    ]
     results = []
     done = busy(100)
     for data in rounds:
@@ -570,10 +591,14 @@ def test_exit_with_copies_in_flight(ring, keep):
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.abspath(pinstage.__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT, str(ring), keep], env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, "exit code %d\nstdout:\n%s\nstderr:\n%s" % (proc.returncode, proc.stdout,
-                                                                             proc.stderr[-4000:])
+    proc = subprocess.run(
+        [sys.executable, "-c", _EXIT_SCRIPT, str(ring), keep], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, "exit code %d\nstdout:\n%s\nstderr:\n%s" % (
+        proc.returncode,
+        proc.stdout,
+        proc.stderr[-4000:],
+    )
     assert "issued True" in proc.stdout, "the copies were not in flight at exit: %r" % proc.stdout
 
 
@@ -683,7 +708,9 @@ def test_stats_account_for_calls_and_bytes():
     assert_still_busy(done, "ten stagings")
     assert during["calls"] - before["calls"] == 10
     assert during["bytes_staged"] - before["bytes_staged"] >= 10 * 8000
-    assert during["in_flight_bytes"] >= 10 * 8000, "in_flight_bytes %d with 80000 bytes queued" % during["in_flight_bytes"]
+    assert during["in_flight_bytes"] >= 10 * 8000, (
+        "in_flight_bytes %d with 80000 bytes queued" % during["in_flight_bytes"]
+    )
     assert during["peak_in_flight_bytes"] >= during["in_flight_bytes"]
     torch.cuda.synchronize()
     pinstage.stage_to_device([1, 2], torch.int64)

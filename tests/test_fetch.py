@@ -1,16 +1,17 @@
 """fetch_to_host / fetch_many: device tensors into pinned ring memory without waiting, read through a
 handle; the memory is reused only once the copy is done and nothing reads it any more."""
+
 import textwrap
 
+import gpu_busy
 import numpy as np
 import pytest
 import torch
-
-import gpu_busy
-import pinstage
 from staging_reference import DTYPES, dtype_name
 from support import DEVICES, run_child
 from tensor_kinds import WrapperTensor
+
+import pinstage
 
 SMALL_RING = 4096
 BUSY_MS = 50  # far longer than the host work behind it, on any GPU

@@ -1,4 +1,5 @@
 """csrc/'s folders include only their own layer and the layers below (scripts/check_layers.py)."""
+
 import importlib.util
 import os
 
@@ -22,4 +23,6 @@ def test_the_check_finds_an_upward_include(tmp_path):
     (tmp_path / "extras").mkdir()
     (tmp_path / "extras" / "x.cpp").write_text("int x;\n")
     assert check_layers.upward_includes(str(tmp_path)) == [
-        (str(tmp_path / "extras"), "<a folder not in the layer list>"), (os.path.join("ring", "a.h"), "copy")]
+        (str(tmp_path / "extras"), "<a folder not in the layer list>"),
+        (os.path.join("ring", "a.h"), "copy"),
+    ]

@@ -4,6 +4,7 @@ Every case runs in a subprocess, so that a regression fails its test (non-zero e
 instead of killing the whole test run. The child prints the exception it got and then checks that
 pinstage still works (and, for stage_into, that `out` was left as it was): support.expect_in_child.
 """
+
 import pytest
 from support import DEVICES, expect_in_child
 
@@ -33,7 +34,8 @@ def test_stage_into_out_replaced_during_conversion(device, shape):
             torch.cuda.synchronize()
         assert out.dtype == torch.int8 and out.cpu().tolist() == [0, 0], out
         print("out intact")
-        """ % shape,
+        """
+        % shape,
         device,
     )
     assert "out intact" in out
@@ -105,7 +107,9 @@ def test_device_indices_out_of_range():
         missing = ValueError if count else RuntimeError
         for index, exc in ((256, missing), (200, missing), (count, missing), (2**70, ValueError), (-1, ValueError)):
             expect(lambda: pinstage.stage_to_device([1], torch.int64, device=index), exc)
-            expect(lambda: pinstage.stage_to_device([1], torch.int64, device="cuda:%d" % index), (ValueError, RuntimeError))
+            expect(
+                lambda: pinstage.stage_to_device([1], torch.int64, device="cuda:%d" % index), (ValueError, RuntimeError)
+            )
             expect(lambda: pinstage.stats(device=index), (ValueError, RuntimeError))
         if count:
             expect(lambda: pinstage.stage_to_device([1], torch.int64, device=256), ValueError, "256", str(count))
@@ -136,8 +140,9 @@ def test_objects_that_only_claim_to_be_tensors():
         fake = Impostor()
         assert isinstance(fake, torch.Tensor)
         expect(lambda: pinstage.stage_into([1.0], fake), TypeError, "out must be a torch.Tensor")
-        expect(lambda: pinstage.stage_to_device(fake, torch.float32, device=DEVICE), (TypeError, RuntimeError, ValueError))
-        expect(lambda: pinstage.stage_many([(fake, torch.float32)], device=DEVICE), (TypeError, RuntimeError, ValueError))
+        refused = (TypeError, RuntimeError, ValueError)
+        expect(lambda: pinstage.stage_to_device(fake, torch.float32, device=DEVICE), refused)
+        expect(lambda: pinstage.stage_many([(fake, torch.float32)], device=DEVICE), refused)
         expect(lambda: pinstage.stage_to_device([1], torch.int64, stream=fake), TypeError, "stream")
         """
     )

@@ -1,4 +1,5 @@
 """The wording of the errors and help users see: each message names what the caller wrote."""
+
 import inspect
 import os
 import shutil
@@ -8,10 +9,10 @@ import sys
 import numpy as np
 import pytest
 import torch
+from support import ROOT
 
 import pinstage
 from pinstage.builders import Request, SamplingParams, build_decode_inputs, build_sampling_batch
-from support import ROOT
 
 
 def test_a_bad_seed_names_the_request_and_the_field():
@@ -63,16 +64,20 @@ def test_configure_takes_an_int_of_at_least_one_page():
     try:
         pinstage.configure(ring_bytes=4096)
         pinstage.configure(ring_bytes=8 << 20)
-        with pytest.raises(TypeError, match=r"ring_bytes must be an int \(bytes\), got str '16MB'; pass the int "
-                                            r"16777216 \(.*PINSTAGE_RING_BYTES"):
+        with pytest.raises(
+            TypeError,
+            match=r"ring_bytes must be an int \(bytes\), got str '16MB'; pass the int "
+            r"16777216 \(.*PINSTAGE_RING_BYTES",
+        ):
             pinstage.configure(ring_bytes="16MB")
         with pytest.raises(TypeError, match=r"ring_bytes must be an int \(bytes\), got str '16Q' \("):
             pinstage.configure(ring_bytes="16Q")
         with pytest.raises(TypeError, match=r"ring_bytes must be an int \(bytes\), got float"):
             pinstage.configure(ring_bytes=16e6)
         for small in (100, 4095):
-            with pytest.raises(ValueError, match=r"ring_bytes must be at least 4096 bytes \(one page\), got %d$"
-                                                 % small):
+            with pytest.raises(
+                ValueError, match=r"ring_bytes must be at least 4096 bytes \(one page\), got %d$" % small
+            ):
                 pinstage.configure(ring_bytes=small)
         with pytest.raises(ValueError, match=r"on_full must be \"overflow\", \"wait\" or \"error\", got \"never\""):
             pinstage.configure(on_full="never")
@@ -83,13 +88,19 @@ def test_configure_takes_an_int_of_at_least_one_page():
 @pytest.mark.parametrize("value, ok", [("16M", True), ("4K", True), ("100", False), ("2K", False)])
 def test_ring_bytes_from_the_environment_is_at_least_one_page(value, ok):
     env = dict(os.environ, PINSTAGE_RING_BYTES=value, PYTHONPATH=ROOT)
-    proc = subprocess.run([sys.executable, "-c", "import pinstage; pinstage.configure(on_full='overflow')"],
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import pinstage; pinstage.configure(on_full='overflow')"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if ok:
         assert proc.returncode == 0, proc.stderr[-2000:]
     else:
         assert "ValueError: pinstage: PINSTAGE_RING_BYTES must be at least 4096 bytes (one page)" in proc.stderr, (
-            proc.stderr[-2000:])
+            proc.stderr[-2000:]
+        )
 
 
 @pytest.mark.parametrize(
@@ -132,10 +143,17 @@ def test_public_functions_have_signatures_and_documentation():
 
 def test_importing_an_unbuilt_checkout_says_how_to_build(tmp_path):
     package = tmp_path / "pinstage"
-    shutil.copytree(os.path.dirname(pinstage.__file__), package,
-                    ignore=shutil.ignore_patterns("_C*.so", "_C*.pyd", "__pycache__"))
-    proc = subprocess.run([sys.executable, "-c", "import pinstage"], cwd=tmp_path, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(tmp_path)), timeout=120)
+    shutil.copytree(
+        os.path.dirname(pinstage.__file__), package, ignore=shutil.ignore_patterns("_C*.so", "_C*.pyd", "__pycache__")
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", "import pinstage"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(tmp_path)),
+        timeout=120,
+    )
     assert proc.returncode != 0
     assert "compiled extension (pinstage._C) is not built" in proc.stderr
     assert "pip install --no-build-isolation ." in proc.stderr

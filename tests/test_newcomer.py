@@ -1,6 +1,7 @@
 """What a new user meets first: the README's opening (what pinstage is, the two commands, where their
 output goes) and its links, installing without torch, a checkout that shadows an installed pinstage,
 the checkout importable from .venv after the README's commands."""
+
 import os
 import re
 import shutil
@@ -29,7 +30,7 @@ def test_the_readme_says_what_and_for_whom_then_the_two_commands_in_at_most_250_
     assert len(lines) <= 250, len(lines)
     opening = " ".join(lines[:3])
     assert "PyTorch" in opening and "inference engines" in opening and "GPU" in opening, opening
-    before_first_section = text[:text.index("\n## ")]
+    before_first_section = text[: text.index("\n## ")]
     commands = re.findall(r"^bash (scripts/\S+)", before_first_section, re.M)
     assert commands == ["scripts/bench.sh", "scripts/test.sh"], commands
     for where in ("bench/out/", "bench/results/cpu/", "bench/results/h200/"):
@@ -72,8 +73,7 @@ runpy.run_path("setup.py", run_name="__main__")
 
 
 def test_setup_without_torch_says_to_install_torch_first():
-    proc = subprocess.run([sys.executable, "-c", _WITHOUT_TORCH], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run([sys.executable, "-c", _WITHOUT_TORCH], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "pinstage setup: torch must be installed first" in proc.stderr
     assert "pip install --no-build-isolation ." in proc.stderr
@@ -86,8 +86,14 @@ def test_a_source_folder_that_shadows_a_built_pinstage_says_so(tmp_path):
     shutil.copytree(PACKAGE, checkout / "pinstage", ignore=no_build)
     shutil.copytree(PACKAGE, installed / "pinstage", ignore=no_build)
     (installed / "pinstage" / "_C.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")  # found, never loaded
-    proc = subprocess.run([sys.executable, "-c", "import pinstage"], cwd=checkout, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(installed)), timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import pinstage"],
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(installed)),
+        timeout=120,
+    )
     assert proc.returncode != 0
     message = proc.stderr.splitlines()[-1]
     assert "is not built in %s" % (checkout / "pinstage") in message
@@ -100,20 +106,33 @@ def test_an_unbuilt_checkout_alone_is_not_called_shadowing(tmp_path):
     # Only torch's folder on the path (no site .pth files, no PYTHONPATH): no other pinstage to find.
     torch_only = [p for p in sys.path if os.path.isdir(os.path.join(p, "torch"))]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-S", "-c", "import sys; sys.path[:0] = [''] + %r; import pinstage"
-                           % (torch_only,)], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-S", "-c", "import sys; sys.path[:0] = [''] + %r; import pinstage" % (torch_only,)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode != 0
     assert "is not built. Build it with `pip install --no-build-isolation .`" in proc.stderr
     assert "shadows" not in proc.stderr
 
 
-@pytest.mark.skipif(os.path.realpath(sys.prefix) != os.path.realpath(os.path.join(ROOT, ".venv")),
-                    reason="the test command puts the checkout on the import path of the .venv it made; this is "
-                           "another Python")
+@pytest.mark.skipif(
+    os.path.realpath(sys.prefix) != os.path.realpath(os.path.join(ROOT, ".venv")),
+    reason="the test command puts the checkout on the import path of the .venv it made; this is another Python",
+)
 def test_the_venv_imports_this_checkout_from_anywhere(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-c", "import pinstage; print(pinstage.__file__)"], cwd=tmp_path,
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import pinstage; print(pinstage.__file__)"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert os.path.realpath(proc.stdout.strip()) == os.path.realpath(os.path.join(PACKAGE, "__init__.py"))
 

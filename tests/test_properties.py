@@ -4,6 +4,7 @@ stage_to_device, stage_many and stage_into must give torch.tensor's values, dtyp
 its exception type; after any exception the next call works and every earlier result is intact.
 Hypothesis runs a fixed number of examples from a fixed seed (derandomize), so CI is deterministic.
 """
+
 import math
 
 import numpy as np
@@ -11,10 +12,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import pinstage
 from staging_reference import DTYPES, NUMPY_OF, assert_same_tensor, expected, int_bounds
 from support import DEVICES
+
+import pinstage
 
 PROPERTY = settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
 
@@ -60,9 +61,28 @@ def boundary_ints():
 
 
 def special_floats():
-    return st.sampled_from([0.0, -0.0, math.inf, -math.inf, math.nan, 5e-324, 1.1754943508222875e-38, 65504.0,
-                            65520.0, 1.0 + 2.0**-11 + 2.0**-40, 3.3895313892515355e38, 2.0**63, -(2.0**63),
-                            2.0**64, 1e300, 0.5, 255.5, -1.5])
+    return st.sampled_from(
+        [
+            0.0,
+            -0.0,
+            math.inf,
+            -math.inf,
+            math.nan,
+            5e-324,
+            1.1754943508222875e-38,
+            65504.0,
+            65520.0,
+            1.0 + 2.0**-11 + 2.0**-40,
+            3.3895313892515355e38,
+            2.0**63,
+            -(2.0**63),
+            2.0**64,
+            1e300,
+            0.5,
+            255.5,
+            -1.5,
+        ]
+    )
 
 
 numbers = st.one_of(
@@ -78,9 +98,12 @@ def element():
     """One element: a Python number, a subclass of one, an __index__ / __float__ object, or a numpy
     scalar of some type."""
     numpy_scalar = st.tuples(st.sampled_from(sorted(set(NUMPY_OF.values()), key=str)), st.integers(0, 100)).map(
-        lambda p: p[0](p[1]))
+        lambda p: p[0](p[1])
+    )
     return st.one_of(
-        numbers, numbers, numbers,
+        numbers,
+        numbers,
+        numbers,
         st.integers(-(2**40), 2**40).map(MyInt),
         st.floats(allow_nan=True).map(MyFloat),
         st.integers(-(2**40), 2**40).map(Index),
@@ -100,7 +123,8 @@ def _filled(shape):
     if not shape:
         return element()
     return st.tuples(st.lists(_filled(shape[1:]), min_size=shape[0], max_size=shape[0]), st.booleans()).map(
-        lambda t: tuple(t[0]) if t[1] else list(t[0]))
+        lambda t: tuple(t[0]) if t[1] else list(t[0])
+    )
 
 
 def _ragged(depth):
@@ -108,20 +132,25 @@ def _ragged(depth):
     if depth == 0:
         return element()
     return st.tuples(st.lists(_ragged(depth - 1), max_size=4), st.booleans()).map(
-        lambda t: tuple(t[0]) if t[1] else list(t[0]))
+        lambda t: tuple(t[0]) if t[1] else list(t[0])
+    )
 
 
 def numpy_array():
     shapes = st.lists(st.integers(0, 5), min_size=0, max_size=3)
-    return st.tuples(st.sampled_from(sorted(set(NUMPY_OF.values()), key=str)), shapes, st.integers(0, 2**32 - 1),
-                     st.booleans()).map(_make_array)
+    return st.tuples(
+        st.sampled_from(sorted(set(NUMPY_OF.values()), key=str)), shapes, st.integers(0, 2**32 - 1), st.booleans()
+    ).map(_make_array)
 
 
 def _make_array(spec):
     np_type, shape, seed, strided = spec
     rng = np.random.default_rng(seed)
-    arr = (rng.standard_normal(shape) * 1000).astype(np_type) if np.issubdtype(np_type, np.floating) else \
-        rng.integers(0, 200, shape).astype(np_type)
+    arr = (
+        (rng.standard_normal(shape) * 1000).astype(np_type)
+        if np.issubdtype(np_type, np.floating)
+        else rng.integers(0, 200, shape).astype(np_type)
+    )
     if strided and arr.ndim:
         arr = arr[..., ::2]
     return arr
@@ -129,7 +158,9 @@ def _make_array(spec):
 
 data_strategy = st.one_of(
     element(),
-    nested(1), nested(2), nested(3),
+    nested(1),
+    nested(2),
+    nested(3),
     numpy_array(),
     st.lists(st.integers(-(2**63), 2**63 - 1), max_size=50),
     st.lists(st.floats(allow_nan=True), max_size=50),

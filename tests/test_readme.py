@@ -4,6 +4,7 @@ the checkout; where a ```text block follows it, that is exactly what it prints.
 The fence's info string says what a block needs: `python` a CPU (it runs with CUDA hidden, so that its
 printed output is the CPU's on any machine), `python gpu` a CUDA device (marked cuda), `python sglang`
 or `python vllm` that engine installed (skipped where it is not)."""
+
 import importlib.util
 import os
 import pathlib
@@ -52,8 +53,9 @@ def test_python_block_runs_as_written(code, need, printed, tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     if not need:
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU block prints the CPU's output, GPU or not
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr
     if printed is not None and need in ("", "gpu"):
         assert proc.stdout.rstrip().splitlines() == printed.rstrip().splitlines(), proc.stdout

@@ -4,6 +4,7 @@ The CUDA ring uses the same RingAllocator template with CUDA events as its fence
 (alignment, wraparound, no reuse before completion, in-order release, counters) are the ones the
 device path runs.
 """
+
 import os
 import random
 

@@ -2,6 +2,7 @@
 region is being written, empty_cache() in one thread while others stage, and stats()['wraps'] on a
 small ring. Each case runs in a child process with a timeout (a regression hangs, it must not hang
 the suite)."""
+
 import textwrap
 
 import pytest
@@ -43,9 +44,11 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("call", ["stage_inner()",
-                                  "t = threading.Thread(target=stage_inner); t.start(); t.join()"],
-                         ids=["from_index", "from_a_thread_index_waits_for"])
+@pytest.mark.parametrize(
+    "call",
+    ["stage_inner()", "t = threading.Thread(target=stage_inner); t.start(); t.join()"],
+    ids=["from_index", "from_a_thread_index_waits_for"],
+)
 def test_wait_re_entered_while_the_outer_region_is_written_is_served_from_overflow(call):
     assert "ok" in child(REENTRANT.replace("{call}", call), timeout=60)
 

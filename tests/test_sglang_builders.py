@@ -2,12 +2,14 @@
 build what SGLang builds: the sampling tensors and flags of a fresh batch, the penalty last-token
 ids, decode inputs (seq_lens and request rows after prepare_for_decode), and the logits
 processor's sample and input-logprob indices; BatchState.add takes SGLang's requests too."""
+
 import random
 
 import pytest
 import torch
-
 from staging_reference import assert_same_tensor
+from test_sglang_integration import DEVICES, random_params, sg  # noqa: F401 - sg is the module fixture
+
 from pinstage.builders import (
     BatchState,
     build_decode_inputs,
@@ -15,7 +17,6 @@ from pinstage.builders import (
     build_penalty_last_token_ids,
     build_sampling_batch,
 )
-from test_sglang_integration import DEVICES, random_params, sg  # noqa: F401 - sg is the module fixture
 
 BATCH_SIZES = [1, 7, 64, 300]
 
@@ -32,8 +33,12 @@ def sglang_batch(sg, device, bs, seed, logprobs=False):  # noqa: F811
     reqs = []
     for _ in range(bs):
         prompt = cached[: rng.randint(0, 30)] + [rng.randrange(world.vocab_size) for _ in range(rng.randint(1, 20))]
-        req = world.request(prompt, random_params(rng, penalties=True, seeds=True), return_logprob=logprobs,
-                            logprob_start_len=rng.choice([-1, 0, rng.randrange(len(prompt))]))
+        req = world.request(
+            prompt,
+            random_params(rng, penalties=True, seeds=True),
+            return_logprob=logprobs,
+            logprob_start_len=rng.choice([-1, 0, rng.randrange(len(prompt))]),
+        )
         world.admit(req)
         reqs.append(req)
     return world, world.prefill_batch(reqs)
@@ -51,15 +56,25 @@ def test_sampling_batch_equals_sglangs(sg, device, bs):  # noqa: F811
 
     with get_exec().deterministic.override(enable_deterministic_inference=True):
         _, batch = sglang_batch(sg, device, bs, seed=bs)
-        ours = build_sampling_batch([r.sampling_params for r in batch.reqs], enable_deterministic_sampling=True,
-                                    device=device)
+        ours = build_sampling_batch(
+            [r.sampling_params for r in batch.reqs], enable_deterministic_sampling=True, device=device
+        )
     info = batch.sampling_info
-    for name, theirs in [("temperatures", info.temperatures), ("top_ps", info.top_ps), ("top_ks", info.top_ks),
-                         ("min_ps", info.min_ps), ("seeds", info.sampling_seed)]:
+    for name, theirs in [
+        ("temperatures", info.temperatures),
+        ("top_ps", info.top_ps),
+        ("top_ks", info.top_ks),
+        ("min_ps", info.min_ps),
+        ("seeds", info.sampling_seed),
+    ]:
         assert_same_tensor(getattr(ours, name), theirs, name)
     # A fresh batch: SGLang's flags are exact here (after filter and merge they are upper bounds).
     assert (ours.is_all_greedy, ours.need_top_p, ours.need_top_k, ours.need_min_p) == (
-        info.is_all_greedy, info.need_top_p_sampling, info.need_top_k_sampling, info.need_min_p_sampling)
+        info.is_all_greedy,
+        info.need_top_p_sampling,
+        info.need_top_k_sampling,
+        info.need_min_p_sampling,
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -96,7 +111,8 @@ def test_logprob_indices_equal_sglangs(sg, device, bs):  # noqa: F811
     metadata = sglang_stubs.logits_metadata(sg, batch)
     hidden = torch.zeros(sum(batch.extend_lens), 1, device=device)
     _, _, _, sample_indices, input_logprob_indices, _ = sg.LogitsProcessor._get_pruned_states(
-        None, hidden, None, None, metadata)
+        None, hidden, None, None, metadata
+    )
     ours = build_logprob_indices(batch.extend_lens, batch.extend_logprob_start_lens, device=device)
     assert_same_tensor(ours.sample_indices, sample_indices, "sample_indices")
     assert_same_tensor(ours.input_logprob_indices, input_logprob_indices, "input_logprob_indices")

@@ -8,6 +8,7 @@ prefills merged in. Every output SGLang keeps (batch tensors and lists, the requ
 sampling info with its flags and penalizer state, the logits processor's indices) must be equal in
 value, dtype, shape and device.
 """
+
 import dataclasses
 import enum
 import functools
@@ -26,9 +27,16 @@ from pinstage.integrations import sglang as pinstage_sglang
 
 # SGLang 0.5.23 picks its Triton kernels by platform, not by tensor: where CUDA is available it
 # launches them on CPU tensors too, so its CPU path runs only where no GPU is visible.
-DEVICES = [pytest.param("cpu", marks=pytest.mark.skipif(torch.cuda.is_available(), reason=(
-               "SGLang 0.5.23 launches its Triton kernels on CPU tensors where CUDA is available"))),
-           pytest.param("cuda", marks=pytest.mark.cuda)]
+DEVICES = [
+    pytest.param(
+        "cpu",
+        marks=pytest.mark.skipif(
+            torch.cuda.is_available(),
+            reason=("SGLang 0.5.23 launches its Triton kernels on CPU tensors where CUDA is available"),
+        ),
+    ),
+    pytest.param("cuda", marks=pytest.mark.cuda),
+]
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +46,10 @@ def sg():
     root = engine_root("sglang", VERSION, PREFIXES)
     missing = [p for p in PREFIXES if not (root / p).exists()]
     if missing:
-        pytest.fail(f"{root} lacks {missing} (unpacked for fewer files than these tests import): delete it, "
-                    "and the next run unpacks the wheel again")
+        pytest.fail(
+            f"{root} lacks {missing} (unpacked for fewer files than these tests import): delete it, "
+            "and the next run unpacks the wheel again"
+        )
     return sglang_stubs.import_sglang(root)
 
 
@@ -96,9 +106,14 @@ def plain_fields(obj, names):
 def snapshot(batch):
     """Everything SGLang keeps of a batch after a step, as plain data."""
     out = plain_fields(batch, [f.name for f in dataclasses.fields(batch)])
-    out["reqs"] = [plain_fields(r, ["rid", "prefix_len", "extend_end", "output_ids", "cached_tokens",
-                                    "already_computed", "logprob_start_len"]) | {"req_pool_idx": r.kv.req_pool_idx}
-                   for r in batch.reqs]
+    out["reqs"] = [
+        plain_fields(
+            r,
+            ["rid", "prefix_len", "extend_end", "output_ids", "cached_tokens", "already_computed", "logprob_start_len"],
+        )
+        | {"req_pool_idx": r.kv.req_pool_idx}
+        for r in batch.reqs
+    ]
     rows = batch.req_pool_indices_cpu
     out["req_to_token"] = plain(batch.req_to_token_pool.req_to_token[rows]) if rows is not None else None
     info = batch.sampling_info
@@ -125,12 +140,20 @@ def pruned_indices(sg, batch, hidden):
 
 
 def random_params(rng, penalties, seeds):
-    params = {"temperature": rng.choice([0.0, 0.5, 0.7, 1.0, 1.3]), "top_p": rng.choice([1.0, 0.9, 0.5]),
-              "top_k": rng.choice([-1, -1, 1, 20, 50]), "min_p": rng.choice([0.0, 0.0, 0.05]),
-              "max_new_tokens": 64}
+    params = {
+        "temperature": rng.choice([0.0, 0.5, 0.7, 1.0, 1.3]),
+        "top_p": rng.choice([1.0, 0.9, 0.5]),
+        "top_k": rng.choice([-1, -1, 1, 20, 50]),
+        "min_p": rng.choice([0.0, 0.0, 0.05]),
+        "max_new_tokens": 64,
+    }
     if penalties:
-        params.update(frequency_penalty=rng.choice([0.0, 0.5]), presence_penalty=rng.choice([0.0, -0.3]),
-                      repetition_penalty=rng.choice([1.0, 1.2]), min_new_tokens=rng.choice([0, 0, 3]))
+        params.update(
+            frequency_penalty=rng.choice([0.0, 0.5]),
+            presence_penalty=rng.choice([0.0, -0.3]),
+            repetition_penalty=rng.choice([1.0, 1.2]),
+            min_new_tokens=rng.choice([0, 0, 3]),
+        )
     if seeds:
         params["sampling_seed"] = rng.choice([None, rng.randrange(1 << 40)])
     return params
@@ -164,8 +187,12 @@ def run_scenario(sg, device, seed, max_bs, penalties, seeds, rounds=3, decode_st
             base = rng.choice(cached)[: rng.randint(1, 40)] if rng.random() < 0.5 else []  # a prefix hit
             prompt = base + [rng.randrange(vocab) for _ in range(rng.randint(1, 24))]
             logprob = rng.random() < 0.3
-            req = world.request(prompt, random_params(rng, penalties, seeds), return_logprob=logprob,
-                                logprob_start_len=rng.choice([-1, 0, rng.randrange(len(prompt))]))
+            req = world.request(
+                prompt,
+                random_params(rng, penalties, seeds),
+                return_logprob=logprob,
+                logprob_start_len=rng.choice([-1, 0, rng.randrange(len(prompt))]),
+            )
             world.admit(req, chunk=rng.choice([None, None, None, 8]))
             reqs.append(req)
         batch = world.prefill_batch(reqs)
@@ -173,7 +200,8 @@ def run_scenario(sg, device, seed, max_bs, penalties, seeds, rounds=3, decode_st
         seen["prefix hit"] += sum(r.prefix_len > 0 and r not in chunked for r in reqs)
         seen["logprob start at extend length"] += sum(
             r.return_logprob and start == n
-            for r, start, n in zip(reqs, batch.extend_logprob_start_lens, batch.extend_lens))
+            for r, start, n in zip(reqs, batch.extend_logprob_start_lens, batch.extend_lens)
+        )
         if batch.return_logprob:
             log.append(("pruned", pruned_indices(sg, batch, hidden)))
 
@@ -261,10 +289,15 @@ def test_from_schedule_batch_with_rare_features_is_sglangs(sg, device):
 
 
 def test_enable_disable_restores_every_original(sg):
-    owners = [(sg.ScheduleBatch, "prepare_for_extend"), (sg.ScheduleBatch, "filter_batch"),
-              (sg.ScheduleBatch, "cumulate_penalty_output_tokens"), (sg.LogitsProcessor, "_get_pruned_states"),
-              (sg.SamplingBatchInfo, "from_schedule_batch"), (sg.sampling_batch_info, "_rows_to_device_indices"),
-              (sg.allocation, "write_cache_indices")]
+    owners = [
+        (sg.ScheduleBatch, "prepare_for_extend"),
+        (sg.ScheduleBatch, "filter_batch"),
+        (sg.ScheduleBatch, "cumulate_penalty_output_tokens"),
+        (sg.LogitsProcessor, "_get_pruned_states"),
+        (sg.SamplingBatchInfo, "from_schedule_batch"),
+        (sg.sampling_batch_info, "_rows_to_device_indices"),
+        (sg.allocation, "write_cache_indices"),
+    ]
     originals = [owner.__dict__[name] for owner, name in owners]
     pinstage_sglang.enable()
     patched = [owner.__dict__[name] for owner, name in owners]
@@ -336,8 +369,10 @@ def test_rewritten_function_reports_sglangs_file_and_lines(sg):
 
 
 def test_importing_pinstage_does_not_import_sglang():
-    code = ("import sys, pinstage, pinstage.builders, pinstage.integrations.sglang; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sglang'))")
+    code = (
+        "import sys, pinstage, pinstage.builders, pinstage.integrations.sglang; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sglang'))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
@@ -348,17 +383,21 @@ def test_patched_functions_do_not_wait_for_the_gpu(sg, device):
     """Each replaced function gives SGLang's results; on CUDA, called with a long kernel queued on
     the current stream, it runs under torch's sync-debug "error" mode and returns while that kernel
     still runs."""
-    from bench.engines import sglang_stubs
     from support import run_while_stream_busy
+
+    from bench.engines import sglang_stubs
 
     def prefilled():
         rng = random.Random(7)
         world = sglang_stubs.SchedulerWorld(sg, device)
         reqs = []
         for _ in range(64):
-            req = world.request([rng.randrange(1000) for _ in range(rng.randint(2, 30))],
-                                random_params(rng, penalties=True, seeds=False), return_logprob=True,
-                                logprob_start_len=0)
+            req = world.request(
+                [rng.randrange(1000) for _ in range(rng.randint(2, 30))],
+                random_params(rng, penalties=True, seeds=False),
+                return_logprob=True,
+                logprob_start_len=0,
+            )
             world.admit(req)
             reqs.append(req)
         batch = world.prefill_batch(reqs)
@@ -376,14 +415,28 @@ def test_patched_functions_do_not_wait_for_the_gpu(sg, device):
         rows_d, lens_d = rows.to(device), [t.to(device) for t in lens]
         prefix = [sg.allocation._EMPTY_PREFIX, world.allocator.alloc(2), sg.allocation._EMPTY_PREFIX]
         frequency = batch.sampling_info.penalizer_orchestrator.penalizers[
-            sg.sampling_batch_info.penaltylib.BatchedFrequencyPenalizer]
+            sg.sampling_batch_info.penaltylib.BatchedFrequencyPenalizer
+        ]
         return {  # each returns what it made; read only after the GPU is done
             "from_schedule_batch": lambda: sg.SamplingBatchInfo.from_schedule_batch(batch, world.vocab_size),
             "cumulate_penalty_output_tokens": lambda: batch.cumulate_penalty_output_tokens() or frequency,
             "pruned states": lambda: sg.LogitsProcessor._get_pruned_states(None, hidden, None, None, metadata)[3:5],
-            "write_cache_indices": lambda: sg.allocation.write_cache_indices(
-                out_cache_loc, rows_d, rows, lens_d[0], lens[0], lens_d[1], lens[1],
-                lens_d[2], lens[2], prefix, world.pool) or world.pool.req_to_token[1:4],
+            "write_cache_indices": lambda: (
+                sg.allocation.write_cache_indices(
+                    out_cache_loc,
+                    rows_d,
+                    rows,
+                    lens_d[0],
+                    lens[0],
+                    lens_d[1],
+                    lens[1],
+                    lens_d[2],
+                    lens[2],
+                    prefix,
+                    world.pool,
+                )
+                or world.pool.req_to_token[1:4]
+            ),
             "filter_batch": lambda: batch.filter_batch(keep_indices=[0, 5, 9]) or batch,
         }
 
@@ -437,9 +490,19 @@ def test_write_cache_indices_leaves_other_prefix_dtypes_to_sglang(sg, device, mo
         lens = [torch.tensor(v) for v in ([0, 2, 0], [1, 3, 1], [1, 1, 1])]  # prefix, seq, extend
         prefix = [sg.allocation._EMPTY_PREFIX, world.allocator.alloc(2).to(prefix_dtype), sg.allocation._EMPTY_PREFIX]
         world.pool.req_to_token.zero_()
-        sg.allocation.write_cache_indices(out_cache_loc, rows.to(device), rows, lens[0].to(device), lens[0],
-                                          lens[1].to(device), lens[1], lens[2].to(device), lens[2], prefix,
-                                          world.pool)
+        sg.allocation.write_cache_indices(
+            out_cache_loc,
+            rows.to(device),
+            rows,
+            lens[0].to(device),
+            lens[0],
+            lens[1].to(device),
+            lens[1],
+            lens[2].to(device),
+            lens[2],
+            prefix,
+            world.pool,
+        )
         return world.pool.req_to_token[1:4].cpu()
 
     for dtype, by_pinstage in ((torch.int64, True), (torch.int32, False)):

@@ -1,6 +1,7 @@
 """PINSTAGE_SGLANG=1 enables pinstage's SGLang integration in every process that imports SGLang's
 scheduler modules, through pinstage-sglang.pth (site-packages runs it at interpreter start) and
 _pinstage_hook: tested in a child started as SGLang starts its scheduler (multiprocessing spawn)."""
+
 import multiprocessing
 import os
 import shutil
@@ -8,11 +9,11 @@ import subprocess
 import sys
 
 import pytest
+import sglang_spawn_child
 
 import _pinstage_hook
-import sglang_spawn_child
-from bench.engines.source import REPO, engine_root
 from bench.engines.sglang_stubs import PREFIXES, VERSION
+from bench.engines.source import REPO, engine_root
 from pinstage.integrations import sglang as pinstage_sglang
 
 
@@ -58,8 +59,13 @@ def test_the_pth_line_imports_nothing_without_the_switch(tmp_path):
 
 
 def test_setup_puts_the_pth_beside_the_package(tmp_path):
-    done = subprocess.run([sys.executable, "setup.py", "-q", "build_py", "-d", str(tmp_path)], capture_output=True,
-                          text=True, timeout=300, cwd=REPO)
+    done = subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_py", "-d", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "pinstage-sglang.pth").read_text() == (REPO / "pinstage-sglang.pth").read_text()
     assert (tmp_path / "_pinstage_hook.py").exists() and (tmp_path / "pinstage" / "__init__.py").exists()

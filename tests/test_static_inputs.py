@@ -6,15 +6,16 @@ tests parametrized over the device run on the CPU everywhere and on CUDA where a
 CUDA-only tests keep the stream busy with torch.cuda._sleep so that a ring region reused before its
 copy ran, or a host wait, shows up as a wrong value or a finished sleep.
 """
+
 import numpy as np
 import pytest
 import torch
-
-import pinstage
-from pinstage import Field, StaticInputs
 from gpu_busy import assert_still_busy, busy
 from staging_reference import assert_error_names, assert_same_tensor, assert_views, expected, natural_values, seeded_rng
 from support import DEVICES
+
+import pinstage
+from pinstage import Field, StaticInputs
 
 # One engine step's graph inputs; the last field has a fill other than 0 (the rows a shrinking n
 # leaves behind must get it back) and the widest rows.
@@ -246,12 +247,15 @@ def test_wrong_row_count_names_the_field(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("field, bad", [
-    ("input_ids", 2**63),   # beyond int64
-    ("positions", 2**40),   # beyond int32
-    ("top_ks", "7"),        # a str element
-    ("penalties", None),    # None in a float64 row
-])
+@pytest.mark.parametrize(
+    "field, bad",
+    [
+        ("input_ids", 2**63),  # beyond int64
+        ("positions", 2**40),  # beyond int32
+        ("top_ks", "7"),  # a str element
+        ("penalties", None),  # None in a float64 row
+    ],
+)
 def test_bad_value_names_field_index_value_and_dtype(device, field, bad):
     """The exception type torch.tensor raises for the field's values, naming the field, the element's
     index, its value and the dtype."""
@@ -320,8 +324,11 @@ def test_declarations_out_of_range_or_not_text_name_the_problem():
 
 def test_field_refuses_a_dtype_at_construction():
     """Field(np.int64) was accepted until a StaticInputs was built from it."""
-    with pytest.raises(TypeError, match=r"Field dtype must be a torch.dtype, got numpy.int64 \(a numpy type\); "
-                                        r"use torch.int64"):
+    with pytest.raises(
+        TypeError,
+        match=r"Field dtype must be a torch.dtype, got numpy.int64 \(a numpy type\); "
+        r"use torch.int64",
+    ):
         Field(np.int64)
     with pytest.raises(TypeError, match="unsupported dtype torch.complex64"):
         Field(torch.complex64, fill=0)
@@ -358,8 +365,11 @@ def test_the_default_device_chooses_neither_the_fills_nor_the_device(device, how
     (None: the current CUDA device). On the CPU, "meta" stands in for a device that is not the CPU."""
     from pinstage.builders import batch_static_inputs
 
-    fields = {"a": Field(torch.int64, fill=5), "b": Field(torch.bool, (2,), fill=True),
-              "c": Field(torch.bfloat16, fill=-2.5)}
+    fields = {
+        "a": Field(torch.int64, fill=5),
+        "b": Field(torch.bool, (2,), fill=True),
+        "c": Field(torch.bfloat16, fill=-2.5),
+    }
     default = "meta" if device == "cpu" else "cuda"
     arg = "cpu" if device == "cpu" else None
     with default_device(default, how):
@@ -394,7 +404,7 @@ def field_of(inputs, flat, name):
     """Field `name` of a copy `flat` of the allocation."""
     view = inputs[name]
     start = view.data_ptr() - allocation(inputs).data_ptr()
-    return flat[start:start + view.nbytes].view(view.dtype).view(view.shape)
+    return flat[start : start + view.nbytes].view(view.dtype).view(view.shape)
 
 
 @pytest.mark.cuda
@@ -442,7 +452,11 @@ def test_values_right_while_the_stream_is_busy_and_the_ring_wraps(cuda_ring, on_
     after = pinstage.stats()
     for k, (flat, want) in enumerate(zip(results, expected)):
         for name in want:
-            assert_same_tensor(field_of(inputs, flat, name), want[name].to(inputs.device), "step %d (n=%d), field %s" % (k, steps[k][0], name))
+            assert_same_tensor(
+                field_of(inputs, flat, name),
+                want[name].to(inputs.device),
+                "step %d (n=%d), field %s" % (k, steps[k][0], name),
+            )
     assert after["copies"] - before["copies"] == len(steps)
     if on_full == "overflow":
         assert after["overflows"] > before["overflows"], "the ring never overflowed: the test did not exercise it"
@@ -463,8 +477,11 @@ def test_graph_captured_on_the_views_replays_each_stage(cuda_ring):
     inputs, ref = make("cuda", max_bs=max_bs, fields=fields)
 
     def step():
-        return (inputs["input_ids"] * 3 + inputs["positions"], inputs["temperatures"] * 2,
-                inputs["top_ks"].clamp(max=1 << 20))
+        return (
+            inputs["input_ids"] * 3 + inputs["positions"],
+            inputs["temperatures"] * 2,
+            inputs["top_ks"].clamp(max=1 << 20),
+        )
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -481,16 +498,17 @@ def test_graph_captured_on_the_views_replays_each_stage(cuda_ring):
     results, expected = [], []
     done = busy(100)
     for n in [64, 1, 17, 0, 63, 8, 8, 40]:
-        values = {"input_ids": [rng.randrange(1 << 40) for _ in range(n)],
-                  "positions": np.array([rng.randrange(1 << 20) for _ in range(n)], dtype=np.int64),
-                  "temperatures": torch.tensor([[rng.random()] for _ in range(n)], dtype=torch.float32),
-                  "top_ks": [rng.randrange(1, 1 << 25) for _ in range(n)]}
+        values = {
+            "input_ids": [rng.randrange(1 << 40) for _ in range(n)],
+            "positions": np.array([rng.randrange(1 << 20) for _ in range(n)], dtype=np.int64),
+            "temperatures": torch.tensor([[rng.random()] for _ in range(n)], dtype=torch.float32),
+            "top_ks": [rng.randrange(1, 1 << 25) for _ in range(n)],
+        }
         inputs.stage(values, n)
         graph.replay()
         ref.stage(values, n)
         t = ref.tensors
-        expected.append((t["input_ids"] * 3 + t["positions"], t["temperatures"] * 2,
-                         t["top_ks"].clamp(max=1 << 20)))
+        expected.append((t["input_ids"] * 3 + t["positions"], t["temperatures"] * 2, t["top_ks"].clamp(max=1 << 20)))
         results.append(tuple(o.clone() for o in outs))
     assert_still_busy(done, "the stages and replays were queued")
     torch.cuda.synchronize()

@@ -1,5 +1,6 @@
 """stats() returns exactly the keys of pinstage.Stats, in its order and of its types, on the CPU and
 on a CUDA device (the C++ counter list and the Python TypedDict must not drift apart)."""
+
 import typing
 
 import pytest

@@ -3,15 +3,16 @@ fallback) and tensors whose storage is not their values: each case once crashed,
 foreign memory, or staged other values than torch.tensor gives. Cases that could crash or hang run
 in a subprocess (support.expect_in_child); each child ends by checking that pinstage still works.
 """
+
 import textwrap
 import warnings
 
 import numpy as np
 import pytest
 import torch
+from support import DEVICES, expect_in_child
 
 import pinstage
-from support import DEVICES, expect_in_child
 
 # Defined in each child: an object whose __index__ runs `action` once, then converts as 5.
 HOOK = """
@@ -69,7 +70,8 @@ def test_stage_many_earlier_item_freed_by_a_later_item(device, source):
         got = pinstage.stage_many([(a, torch.int32), ([Hook(shrink)], torch.int64)], device=DEVICE)
         assert got[0].cpu().equal(expected), got[0][:8]
         assert got[1].cpu().tolist() == [5]
-        """ % source,
+        """
+        % source,
         device,
     )
 
@@ -91,7 +93,8 @@ def test_stage_many_earlier_item_mutated_by_a_later_item(device, source):
         got = pinstage.stage_many([(a, torch.int64), ([Hook(mutate)], torch.int64)], device=DEVICE)
         assert got[0].cpu().tolist() == [1, 2, 3], got[0]
         assert a[0] == 99
-        """ % source,
+        """
+        % source,
         device,
     )
 
@@ -131,7 +134,8 @@ def test_stage_many_later_item_resized_while_an_earlier_item_is_written(device, 
             shrink = lambda: b.resize(1, refcheck=False)
         expect(lambda: pinstage.stage_many([([1, Hook(shrink)], torch.int64), (b, torch.int64)], device=DEVICE),
                RuntimeError, "item 1", "changed")
-        """ % source,
+        """
+        % source,
         device,
     )
 
@@ -351,8 +355,9 @@ def test_fallbacks_are_counted_when_planned_and_when_written(device):
     import numpy as np
 
     before = pinstage.stats(device=device)["fallbacks"]
-    pinstage.stage_many([([np.int64(1)], torch.int64), ([1, np.int64(2)], torch.int64), ([1, 2], torch.int64)],
-                        device=device)
+    pinstage.stage_many(
+        [([np.int64(1)], torch.int64), ([1, np.int64(2)], torch.int64), ([1, 2], torch.int64)], device=device
+    )
     pinstage.stage_to_device([np.int64(1)], torch.int64, device=device)
     pinstage.stage_to_device([1, np.int64(2)], torch.int64, device=device)
     out = torch.zeros(2, dtype=torch.int64, device=device)
@@ -378,13 +383,17 @@ class _TupleIterSeven(tuple):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("make", [
-    lambda: _IterSeven([1, 2, 3]),
-    lambda: _TupleIterSeven((1, 2, 3)),
-    lambda: [_IterSeven([1, 2, 3]), [4, 5, 6]],
-    lambda: [[4, 5, 6], _IterSeven([1, 2, 3])],
-    lambda: _LongerThanItIs([1, 2, 3]),
-], ids=["list-iter", "tuple-iter", "nested-first", "nested-second", "len"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: _IterSeven([1, 2, 3]),
+        lambda: _TupleIterSeven((1, 2, 3)),
+        lambda: [_IterSeven([1, 2, 3]), [4, 5, 6]],
+        lambda: [[4, 5, 6], _IterSeven([1, 2, 3])],
+        lambda: _LongerThanItIs([1, 2, 3]),
+    ],
+    ids=["list-iter", "tuple-iter", "nested-first", "nested-second", "len"],
+)
 def test_sequence_subclasses_take_torchs_path(device, make):
     try:
         expected = torch.tensor(make(), dtype=torch.int64)
@@ -476,8 +485,11 @@ def torch_tensor_bytes(data, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int64, torch.float32, torch.bfloat16],
-                         ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.bool, torch.uint8, torch.int64, torch.float32, torch.bfloat16],
+    ids=lambda d: str(d).replace("torch.", ""),
+)
 @pytest.mark.parametrize("source", list(bool_sources()))
 def test_bool_bytes_other_than_0_and_1_are_staged_as_torch_tensor_reads_them(device, dtype, source):
     """torch.tensor reads any nonzero bool byte as True (1): so does every path, where the bytes
@@ -490,7 +502,10 @@ def test_bool_bytes_other_than_0_and_1_are_staged_as_torch_tensor_reads_them(dev
         assert tuple(got.shape) == shape and got.dtype == dtype, (path, got.shape, got.dtype)
         got_bytes = got.cpu().contiguous().view(torch.uint8)
         assert got_bytes.tolist() == want.tolist(), "%s: bytes %s, torch.tensor gives %s" % (
-            path, got_bytes.tolist(), want.tolist())
+            path,
+            got_bytes.tolist(),
+            want.tolist(),
+        )
 
     same(pinstage.stage_to_device(data, dtype, device=device), "stage_to_device")
     same(pinstage.stage_many([([3], torch.int64), (data, dtype)], device=device)[1], "stage_many")

@@ -1,5 +1,6 @@
 """Two GPUs: a ring per device, results on the device the stream or `device=` names, the current
 device left as it was, and no value corrupted when both devices' rings wrap at once."""
+
 import numpy as np
 import pytest
 import torch
@@ -39,8 +40,11 @@ def stage_batch(device, base, count, stream=None):
         if i % 3 == 0:
             got = pinstage.stage_to_device(values.tolist(), torch.int64, stream, device=None if stream else device)
         elif i % 3 == 1:
-            got = pinstage.stage_many([(values, torch.int64), (values[:7].astype(np.int32), torch.int32)], stream,
-                                      device=None if stream else device)[0]
+            got = pinstage.stage_many(
+                [(values, torch.int64), (values[:7].astype(np.int32), torch.int32)],
+                stream,
+                device=None if stream else device,
+            )[0]
         else:
             got = torch.empty(60, dtype=torch.int64, device=device)
             pinstage.stage_into(values, got, stream)
@@ -108,8 +112,9 @@ def test_the_named_device_wins_and_the_current_device_is_unchanged():
         state_inputs = state.decode_inputs(stream=stream1)
         table = torch.zeros((2, 8), dtype=torch.int32, device="cuda:1")
         prefix = torch.tensor([11, 12], dtype=torch.int64, device="cuda:1")
-        write_cache_indices(table, [1], [prefix], [2], [4], [2], torch.tensor([13, 14], device="cuda:1"),
-                            stream=stream1)
+        write_cache_indices(
+            table, [1], [prefix], [2], [4], [2], torch.tensor([13, 14], device="cuda:1"), stream=stream1
+        )
         fetched = pinstage.fetch_to_host(torch.arange(5, device="cuda:1"), stream1)
         assert torch.cuda.current_device() == 0
     for t in [a, *b, out, inputs.input_ids, state_inputs.seq_lens, table]:

@@ -4,6 +4,7 @@ Every output is compared with what vLLM's original gives for the same input (val
 device); on CUDA, with more steps in flight than the UVA pool's depth behind a busy kernel, the
 originals serve wrong values (reproduced here) and the plugin none.
 """
+
 import functools
 import importlib
 import logging
@@ -11,7 +12,6 @@ import pathlib
 import subprocess
 import sys
 import textwrap
-import tomllib
 import types
 import warnings
 
@@ -19,6 +19,7 @@ import gpu_busy
 import numpy as np
 import pytest
 import staging_reference
+import tomllib
 import torch
 from staging_reference import assert_same_tensor
 from support import BUSY_MS, DEVICES
@@ -108,7 +109,8 @@ def test_async_tensor_h2d_gives_vllms_result(vllm, device, dtype, form, n, rng):
     # numpy arrays and tensors also without a dtype: vLLM keeps theirs
     for kwargs in [{"dtype": dtype}] + ([{}] if form != "list" else []):
         routed, original = _plugin_and_original(
-            lambda: vllm.torch_utils.async_tensor_h2d(data, device=device, **kwargs))
+            lambda: vllm.torch_utils.async_tensor_h2d(data, device=device, **kwargs)
+        )
         assert_same_tensor(routed, original)
 
 
@@ -130,19 +132,23 @@ def test_async_tensor_h2d_out_fills_vllms_values(vllm, device, dtype, form, rng)
 def test_async_tensor_h2d_casts_arrays_like_vllm(vllm, device, rng):
     wide = np.array(staging_reference.natural_values(torch.int64, 100, rng))
     routed, original = _plugin_and_original(
-        lambda: vllm.torch_utils.async_tensor_h2d(wide, device=device, dtype=torch.int32))
+        lambda: vllm.torch_utils.async_tensor_h2d(wide, device=device, dtype=torch.int32)
+    )
     assert_same_tensor(routed, original)
     strided = torch.arange(40, dtype=torch.float32).reshape(5, 8)[:, ::3]
     routed, original = _plugin_and_original(
-        lambda: vllm.torch_utils.async_tensor_h2d(strided.t(), device=device, dtype=torch.float64))
+        lambda: vllm.torch_utils.async_tensor_h2d(strided.t(), device=device, dtype=torch.float64)
+    )
     assert_same_tensor(routed, original)
 
 
 def test_what_pinstage_does_not_cover_runs_vllms_own_code(vllm, enabled):
     h2d = vllm.torch_utils.async_tensor_h2d
     calls = _staging_calls()
-    for data, kwargs in (([1, 2.5], lambda: {"device": "cpu"}),  # a list without dtype: torch infers it
-                         (np.arange(3), lambda: {"device": "cpu", "dtype": torch.complex64})):
+    for data, kwargs in (
+        ([1, 2.5], lambda: {"device": "cpu"}),  # a list without dtype: torch infers it
+        (np.arange(3), lambda: {"device": "cpu", "dtype": torch.complex64}),
+    ):
         assert_same_tensor(h2d(data, **kwargs()), h2d.__wrapped__(data, **kwargs()))
     assert _staging_calls() == calls
     with pytest.raises(AssertionError, match="must provide destination tensor or device"):
@@ -152,6 +158,7 @@ def test_what_pinstage_does_not_cover_runs_vllms_own_code(vllm, enabled):
 @pytest.mark.parametrize("data", [np.arange(6).reshape(2, 3), [[1, 2, 3]], [7]], ids=["array", "nested", "one"])
 def test_async_tensor_h2d_out_broadcasts_like_vllm(vllm, data):
     """vLLM's out.copy_(tensor) broadcasts data of another shape into out."""
+
     def fill():
         out = torch.zeros(4, 2, 3, dtype=torch.int64)
         assert vllm.torch_utils.async_tensor_h2d(data, out=out) is out
@@ -168,10 +175,40 @@ def _outcome(call):
 
 
 # Values numpy (vLLM's pools) or torch (async_tensor_h2d) refuses, or accepts where pinstage would not.
-BAD_VALUES = [[300], [-1], [2**31], [2**63], [-2**63 - 1], [2**64], [1e40], [float("nan")], [float("inf")], [1.5],
-              ["3"], ["x"], [None], [object()], [[1, 2]], [b"1"], [1 + 2j], [np.int64(2**40)], [np.float64(1e300)]]
-BAD_DATA = [None, "abc", 5, {"a": 1}, np.array(["a"]), np.array([1 + 2j]), torch.tensor([1 + 2j]), np.zeros((2, 3)),
-            np.array([300]), torch.zeros(2, device="meta"), [[1], [2]]]
+BAD_VALUES = [
+    [300],
+    [-1],
+    [2**31],
+    [2**63],
+    [-(2**63) - 1],
+    [2**64],
+    [1e40],
+    [float("nan")],
+    [float("inf")],
+    [1.5],
+    ["3"],
+    ["x"],
+    [None],
+    [object()],
+    [[1, 2]],
+    [b"1"],
+    [1 + 2j],
+    [np.int64(2**40)],
+    [np.float64(1e300)],
+]
+BAD_DATA = [
+    None,
+    "abc",
+    5,
+    {"a": 1},
+    np.array(["a"]),
+    np.array([1 + 2j]),
+    torch.tensor([1 + 2j]),
+    np.zeros((2, 3)),
+    np.array([300]),
+    torch.zeros(2, device="meta"),
+    [[1], [2]],
+]
 BAD_DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.uint64, torch.float16, torch.float32]
 
 
@@ -183,7 +220,8 @@ def test_bad_input_raises_what_vllms_own_function_raises(vllm, dtype):
         "UvaBufferPool.copy_to_uva": lambda x: vllm.buffer_utils.UvaBufferPool(4, dtype).copy_to_uva(x),
         "UvaBufferPool.copy_to_gpu": lambda x: vllm.buffer_utils.UvaBufferPool((4, 2), dtype).copy_to_gpu(x),
         "UvaBufferPool.copy_to_gpu(out=)": lambda x: vllm.buffer_utils.UvaBufferPool(4, dtype).copy_to_gpu(
-            x, out=torch.zeros(2, dtype=dtype)),
+            x, out=torch.zeros(2, dtype=dtype)
+        ),
         "async_tensor_h2d": lambda x: vllm.torch_utils.async_tensor_h2d(x, device="cpu", dtype=dtype),
         "async_tensor_h2d(out=)": lambda x: vllm.torch_utils.async_tensor_h2d(x, out=torch.zeros(2, dtype=dtype)),
     }
@@ -196,8 +234,11 @@ def test_bad_input_raises_what_vllms_own_function_raises(vllm, dtype):
                 routed = _outcome(lambda: call(x))
             finally:
                 plugin.disable()
-            same = (routed == original if original[0] != "gives"
-                    else routed[0] == "gives" and repr(_settle(routed[1])) == repr(_settle(original[1])))
+            same = (
+                routed == original
+                if original[0] != "gives"
+                else routed[0] == "gives" and repr(_settle(routed[1])) == repr(_settle(original[1]))
+            )
             if not same:
                 differ.append((name, x, original, routed))
     assert not differ, differ
@@ -208,8 +249,11 @@ def test_bad_input_raises_what_vllms_own_function_raises(vllm, dtype):
 @pytest.mark.parametrize("row_shape", [(), (3,)], ids=["rows", "rows_of_3"])
 def test_uva_buffer_pool_gives_vllms_rows(vllm, dtype, form, row_shape, rng):
     size = 16 if not row_shape else (16, *row_shape)
-    batches = [_data(form, dtype, n * (row_shape[0] if row_shape else 1), rng, (n, *row_shape))
-               for n in (1, 16, 0, 40) if n or not row_shape]  # 40 > 16: vLLM grows the slot
+    batches = [
+        _data(form, dtype, n * (row_shape[0] if row_shape else 1), rng, (n, *row_shape))
+        for n in (1, 16, 0, 40)
+        if n or not row_shape
+    ]  # 40 > 16: vLLM grows the slot
 
     def run():
         pool = vllm.buffer_utils.UvaBufferPool(size, dtype)
@@ -250,12 +294,15 @@ def test_uva_backed_tensor_gives_vllms_rows(vllm, dtype, rng):
 @pytest.mark.parametrize("size", [(64,), (64, 3)], ids=["1d", "2d"])
 def test_cpu_gpu_buffer_copy_to_gpu_gives_vllms_rows(vllm, device, dtype, size, rng):
     steps = [None, 7, 0]
-    values = [torch.tensor(staging_reference.natural_values(dtype, int(np.prod(size)), rng), dtype=dtype).reshape(size)
-              for _ in steps]
+    values = [
+        torch.tensor(staging_reference.natural_values(dtype, int(np.prod(size)), rng), dtype=dtype).reshape(size)
+        for _ in steps
+    ]
 
     def run():
-        buffer = vllm.v1_utils.CpuGpuBuffer(*size, dtype=dtype, device=torch.device(device),
-                                           with_numpy=dtype != torch.bfloat16)
+        buffer = vllm.v1_utils.CpuGpuBuffer(
+            *size, dtype=dtype, device=torch.device(device), with_numpy=dtype != torch.bfloat16
+        )
         results = []
         for n, step_values in zip(steps, values):
             buffer.cpu.copy_(step_values)
@@ -270,11 +317,13 @@ def test_cpu_gpu_buffer_copy_to_gpu_gives_vllms_rows(vllm, device, dtype, size, 
 
 
 def _routed_helpers(vllm):
-    return {"async_tensor_h2d": vllm.torch_utils.async_tensor_h2d,
-            "buffer_utils.async_tensor_h2d": vllm.buffer_utils.async_tensor_h2d,
-            "UvaBufferPool.copy_to_uva": vllm.buffer_utils.UvaBufferPool.copy_to_uva,
-            "UvaBufferPool.copy_to_gpu": vllm.buffer_utils.UvaBufferPool.copy_to_gpu,
-            "CpuGpuBuffer.copy_to_gpu": vllm.v1_utils.CpuGpuBuffer.copy_to_gpu}
+    return {
+        "async_tensor_h2d": vllm.torch_utils.async_tensor_h2d,
+        "buffer_utils.async_tensor_h2d": vllm.buffer_utils.async_tensor_h2d,
+        "UvaBufferPool.copy_to_uva": vllm.buffer_utils.UvaBufferPool.copy_to_uva,
+        "UvaBufferPool.copy_to_gpu": vllm.buffer_utils.UvaBufferPool.copy_to_gpu,
+        "CpuGpuBuffer.copy_to_gpu": vllm.v1_utils.CpuGpuBuffer.copy_to_gpu,
+    }
 
 
 def test_enable_is_idempotent_and_disable_restores_every_original(vllm):
@@ -301,13 +350,21 @@ def test_enable_is_idempotent_and_disable_restores_every_original(vllm):
         del sys.modules["early_user"], sys.modules["late_user"]
 
 
-@pytest.mark.parametrize("entry, refusal", [
-    ("enable", lambda: pytest.raises(RuntimeError, match=r"vLLM 0\.34\.0 is not supported; tested with vLLM 0\.33\.0")),
-    # vLLM loads every installed plugin when VLLM_PLUGINS is unset: under an untested vLLM the entry
-    # point must let vLLM start, with its own helpers, and say why.
-    ("plugin", lambda: pytest.warns(RuntimeWarning,
-                                    match=r"vLLM 0\.34\.0 is not supported; tested with vLLM 0\.33\.0")),
-])
+@pytest.mark.parametrize(
+    "entry, refusal",
+    [
+        (
+            "enable",
+            lambda: pytest.raises(RuntimeError, match=r"vLLM 0\.34\.0 is not supported; tested with vLLM 0\.33\.0"),
+        ),
+        # vLLM loads every installed plugin when VLLM_PLUGINS is unset: under an untested vLLM the entry
+        # point must let vLLM start, with its own helpers, and say why.
+        (
+            "plugin",
+            lambda: pytest.warns(RuntimeWarning, match=r"vLLM 0\.34\.0 is not supported; tested with vLLM 0\.33\.0"),
+        ),
+    ],
+)
 def test_untested_vllm_versions_are_refused_and_nothing_changes(vllm, monkeypatch, cuda_staging, entry, refusal):
     originals = _routed_helpers(vllm)
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.34.0")
@@ -321,13 +378,17 @@ def test_untested_vllm_versions_are_refused_and_nothing_changes(vllm, monkeypatc
     assert all(routed[name] is not originals[name] for name in originals)
 
 
-@pytest.mark.parametrize("where, why", [
-    ("no_gpu", "no CUDA device is visible"),
-    ("cpu_build", "this pinstage was built without CUDA"),
-    ("rocm", r"torch .* is a ROCm build"),
-])
-def test_the_plugin_declines_with_one_warning_where_pinstage_cannot_stage_to_cuda(vllm, monkeypatch, cuda_staging,
-                                                                                    where, why):
+@pytest.mark.parametrize(
+    "where, why",
+    [
+        ("no_gpu", "no CUDA device is visible"),
+        ("cpu_build", "this pinstage was built without CUDA"),
+        ("rocm", r"torch .* is a ROCm build"),
+    ],
+)
+def test_the_plugin_declines_with_one_warning_where_pinstage_cannot_stage_to_cuda(
+    vllm, monkeypatch, cuda_staging, where, why
+):
     """vLLM loads every installed plugin: where pinstage cannot stage to vLLM's device, vLLM keeps its
     own helpers (before, the patched helpers raised "built without CUDA" or gave CPU tensors)."""
     if where == "no_gpu":
@@ -382,8 +443,13 @@ def test_activation_logs_one_line_naming_what_was_replaced(vllm, caplog):
     plugin.disable()
     lines = [r.getMessage() for r in caplog.records if r.name == "pinstage"]
     assert len(lines) == 1, lines
-    for name in ("async_tensor_h2d", "UvaBufferPool.copy_to_uva", "UvaBufferPool.copy_to_gpu",
-                 "CpuGpuBuffer.copy_to_gpu", "PINSTAGE_VLLM=0"):
+    for name in (
+        "async_tensor_h2d",
+        "UvaBufferPool.copy_to_uva",
+        "UvaBufferPool.copy_to_gpu",
+        "CpuGpuBuffer.copy_to_gpu",
+        "PINSTAGE_VLLM=0",
+    ):
         assert name in lines[0]
 
 
@@ -392,8 +458,11 @@ def test_counters_count_calls_routed_and_calls_left_to_vllm(vllm, enabled):
         before = plugin.counters()
         call()
         after = plugin.counters()
-        return {name: (after[name]["routed"] - before[name]["routed"], after[name]["to_vllm"] - before[name]["to_vllm"])
-                for name in after if after[name] != before.get(name)}
+        return {
+            name: (after[name]["routed"] - before[name]["routed"], after[name]["to_vllm"] - before[name]["to_vllm"])
+            for name in after
+            if after[name] != before.get(name)
+        }
 
     h2d = vllm.torch_utils.async_tensor_h2d
     assert delta(lambda: h2d([1, 2], device="cpu", dtype=torch.int32)) == {"async_tensor_h2d": (1, 0)}
@@ -417,8 +486,9 @@ def test_a_device_pinstage_cannot_stage_to_gets_vllms_own_function(vllm, enabled
         monkeypatch.setattr(plugin, "_cuda_served", False)
     calls = _staging_calls()
     h2d = vllm.torch_utils.async_tensor_h2d
-    assert _outcome(lambda: h2d([1, 2], device=device, dtype=torch.int32).device) == \
-        _outcome(lambda: h2d.__wrapped__([1, 2], device=device, dtype=torch.int32).device)
+    assert _outcome(lambda: h2d([1, 2], device=device, dtype=torch.int32).device) == _outcome(
+        lambda: h2d.__wrapped__([1, 2], device=device, dtype=torch.int32).device
+    )
     if device == "meta":
         buffer = vllm.v1_utils.CpuGpuBuffer(4, dtype=torch.int32, device=torch.device("meta"))
         assert buffer.copy_to_gpu().device == torch.device("meta")
@@ -434,8 +504,9 @@ def test_disable_leaves_a_wrapper_installed_after_enable(vllm):
     plugin.disable()
     try:
         assert pool_cls.__dict__["copy_to_uva"] is other
-        assert {k: v for k, v in _routed_helpers(vllm).items() if k != "UvaBufferPool.copy_to_uva"} == \
-            {k: v for k, v in originals.items() if k != "UvaBufferPool.copy_to_uva"}
+        assert {k: v for k, v in _routed_helpers(vllm).items() if k != "UvaBufferPool.copy_to_uva"} == {
+            k: v for k, v in originals.items() if k != "UvaBufferPool.copy_to_uva"
+        }
     finally:
         pool_cls.copy_to_uva = originals["UvaBufferPool.copy_to_uva"]
 
@@ -449,8 +520,13 @@ def test_the_entry_point_is_declared_for_vllm():
 
 def test_importing_the_plugin_imports_no_vllm():
     code = "import sys, pinstage.integrations.vllm; print(any(m.split('.')[0] == 'vllm' for m in sys.modules))"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          cwd=pathlib.Path(__file__).parent.parent)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=pathlib.Path(__file__).parent.parent,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
 
@@ -465,8 +541,13 @@ def test_enable_does_not_initialise_cuda(vllm):
         vllm.enable()
         print(torch.cuda.is_initialized())
     """)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          cwd=pathlib.Path(__file__).parent.parent)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=pathlib.Path(__file__).parent.parent,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "False"
 
@@ -483,10 +564,12 @@ def _steps_behind_busy_kernel(vllm, steps, n):
     def step(values):
         backed.np[:] = values
         buffer.np[:] = values
-        read = {"UvaBufferPool": pool.copy_to_uva(values) + 0,
-                "UvaBackedTensor": backed.copy_to_uva() + 0,
-                "CpuGpuBuffer": buffer.copy_to_gpu() + 0,
-                "async_tensor_h2d": vllm.torch_utils.async_tensor_h2d(values, "cuda") + 0}
+        read = {
+            "UvaBufferPool": pool.copy_to_uva(values) + 0,
+            "UvaBackedTensor": backed.copy_to_uva() + 0,
+            "CpuGpuBuffer": buffer.copy_to_gpu() + 0,
+            "async_tensor_h2d": vllm.torch_utils.async_tensor_h2d(values, "cuda") + 0,
+        }
         buffer.np[:] = -1  # the next step's preparation starts at once
         return read
 

@@ -1,4 +1,5 @@
 """Test work run in several threads at once: each exception is reported, a hung thread fails."""
+
 import threading
 
 

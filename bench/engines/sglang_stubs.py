@@ -12,6 +12,7 @@ there, so that other tests importing the real packages (transformers, ...) are u
 `import_sglang()` imports the scheduler modules that way; `SchedulerWorld` is a scheduler's memory
 made of SGLang's own classes, for the tests and bench/sglang_host.py.
 """
+
 import contextlib
 import dataclasses
 import importlib.abc
@@ -31,10 +32,31 @@ PREFIXES = ["sglang/srt/", "sglang/kernels/", "sglang/utils.py", "sglang/version
 
 STUBBED = (
     "sglang.kernels.jit",  # JIT-compiled CUDA sources, kept beside the wheel's .py files
-    "msgspec", "psutil", "zmq", "sgl_kernel", "flashinfer", "transformers", "orjson", "huggingface_hub",
-    "pybase64", "partial_json_parser", "openai", "requests", "starlette", "pydantic", "pydantic_core",
-    "torchvision", "IPython", "tqdm",
-    "dill", "tvm_ffi", "sentencepiece", "safetensors", "compressed_tensors", "regex", "gguf",
+    "msgspec",
+    "psutil",
+    "zmq",
+    "sgl_kernel",
+    "flashinfer",
+    "transformers",
+    "orjson",
+    "huggingface_hub",
+    "pybase64",
+    "partial_json_parser",
+    "openai",
+    "requests",
+    "starlette",
+    "pydantic",
+    "pydantic_core",
+    "torchvision",
+    "IPython",
+    "tqdm",
+    "dill",
+    "tvm_ffi",
+    "sentencepiece",
+    "safetensors",
+    "compressed_tensors",
+    "regex",
+    "gguf",
 )
 
 
@@ -109,9 +131,16 @@ def _field(*, default=dataclasses.MISSING, default_factory=dataclasses.MISSING, 
 
 
 def _defstruct(name, fields, *, bases=None, module=None, namespace=None, frozen=False, **options):
-    spec = [f if isinstance(f, str) or len(f) < 3 or isinstance(f[2], dataclasses.Field)
-            else (f[0], f[1], dataclasses.field(default=f[2]) if not isinstance(_default(f[2]), dataclasses.Field)
-                  else _default(f[2])) for f in fields]
+    spec = [
+        f
+        if isinstance(f, str) or len(f) < 3 or isinstance(f[2], dataclasses.Field)
+        else (
+            f[0],
+            f[1],
+            dataclasses.field(default=f[2]) if not isinstance(_default(f[2]), dataclasses.Field) else _default(f[2]),
+        )
+        for f in fields
+    ]
     namespace = {k: v for k, v in (namespace or {}).items() if k != "__init_subclass__"}
     cls = dataclasses.make_dataclass(name, spec, bases=tuple(bases or ()), namespace=namespace, kw_only=True)
     if module is not None:
@@ -120,8 +149,13 @@ def _defstruct(name, fields, *, bases=None, module=None, namespace=None, frozen=
 
 
 _BEHAVING = {
-    "msgspec": {"Struct": _Struct, "field": _field, "defstruct": _defstruct, "NODEFAULT": dataclasses.MISSING,
-                "UNSET": dataclasses.MISSING},
+    "msgspec": {
+        "Struct": _Struct,
+        "field": _field,
+        "defstruct": _defstruct,
+        "NODEFAULT": dataclasses.MISSING,
+        "UNSET": dataclasses.MISSING,
+    },
     "msgspec.structs": {
         "fields": dataclasses.fields,
         "replace": dataclasses.replace,
@@ -208,12 +242,22 @@ def import_sglang(root):
     if not context.is_config_namespace_published("exec"):
         context.set_server_args(ServerArgs(model_path="pinstage-test", device="cpu"))
     return types.SimpleNamespace(
-        schedule_batch=schedule_batch, sampling_batch_info=sampling_batch_info, allocation=allocation,
-        logits_processor=logits_processor, ScheduleBatch=schedule_batch.ScheduleBatch, Req=schedule_batch.Req,
-        SamplingParams=sampling_params.SamplingParams, SamplingBatchInfo=sampling_batch_info.SamplingBatchInfo,
-        ReqToTokenPool=memory_pool.ReqToTokenPool, TokenToKVPoolAllocator=token.TokenToKVPoolAllocator,
-        RadixCache=radix_cache.RadixCache, RadixKey=radix_cache.RadixKey, InsertParams=base_prefix_cache.InsertParams,
-        CacheInitParams=CacheInitParams, ForwardMode=ForwardMode, SpeculativeAlgorithm=SpeculativeAlgorithm,
+        schedule_batch=schedule_batch,
+        sampling_batch_info=sampling_batch_info,
+        allocation=allocation,
+        logits_processor=logits_processor,
+        ScheduleBatch=schedule_batch.ScheduleBatch,
+        Req=schedule_batch.Req,
+        SamplingParams=sampling_params.SamplingParams,
+        SamplingBatchInfo=sampling_batch_info.SamplingBatchInfo,
+        ReqToTokenPool=memory_pool.ReqToTokenPool,
+        TokenToKVPoolAllocator=token.TokenToKVPoolAllocator,
+        RadixCache=radix_cache.RadixCache,
+        RadixKey=radix_cache.RadixKey,
+        InsertParams=base_prefix_cache.InsertParams,
+        CacheInitParams=CacheInitParams,
+        ForwardMode=ForwardMode,
+        SpeculativeAlgorithm=SpeculativeAlgorithm,
         LogitsProcessor=logits_processor.LogitsProcessor,
     )
 
@@ -221,9 +265,12 @@ def import_sglang(root):
 def logits_metadata(sg, batch):
     """What LogitsProcessor._get_pruned_states reads of a prefill with input logprobs, from the
     batch's extend lengths (a ForwardBatch's LogitsMetadata carries the same lists)."""
-    return types.SimpleNamespace(forward_mode=sg.ForwardMode.EXTEND, extend_return_logprob=True,
-                                 extend_seq_lens_cpu=batch.extend_lens,
-                                 extend_logprob_start_lens_cpu=batch.extend_logprob_start_lens)
+    return types.SimpleNamespace(
+        forward_mode=sg.ForwardMode.EXTEND,
+        extend_return_logprob=True,
+        extend_seq_lens_cpu=batch.extend_lens,
+        extend_logprob_start_lens_cpu=batch.extend_logprob_start_lens,
+    )
 
 
 class SchedulerWorld:
@@ -237,8 +284,11 @@ class SchedulerWorld:
         self.device = device
         self.pool = sg.ReqToTokenPool(rows, max_context_len, device, False)
         self.allocator = sg.TokenToKVPoolAllocator(kv_slots, torch.int64, device, None, False)
-        self.tree = sg.RadixCache(sg.CacheInitParams(
-            disable=False, req_to_token_pool=self.pool, token_to_kv_pool_allocator=self.allocator, page_size=1))
+        self.tree = sg.RadixCache(
+            sg.CacheInitParams(
+                disable=False, req_to_token_pool=self.pool, token_to_kv_pool_allocator=self.allocator, page_size=1
+            )
+        )
         self.model_config = types.SimpleNamespace(vocab_size=vocab_size, is_encoder_decoder=False)
         self.vocab_size = vocab_size
         self.tokenizer = types.SimpleNamespace(eos_token_id=self.EOS, additional_stop_token_ids=None)
@@ -254,8 +304,15 @@ class SchedulerWorld:
         sampling = self.sg.SamplingParams(**params)
         sampling.verify(self.vocab_size)
         self._rids += 1
-        req = self.sg.Req(f"r{self._rids}", "", array("q", token_ids), sampling, return_logprob=return_logprob,
-                          vocab_size=self.vocab_size, eos_token_ids={self.EOS})
+        req = self.sg.Req(
+            f"r{self._rids}",
+            "",
+            array("q", token_ids),
+            sampling,
+            return_logprob=return_logprob,
+            vocab_size=self.vocab_size,
+            eos_token_ids={self.EOS},
+        )
         req.tokenizer = self.tokenizer  # the min-new-tokens penalty reads its stop tokens
         if return_logprob:
             req.logprob_start_len = logprob_start_len
@@ -274,8 +331,9 @@ class SchedulerWorld:
 
     def prefill_batch(self, reqs):
         """ScheduleBatch.init_new + prepare_for_extend over admitted requests."""
-        batch = self.sg.ScheduleBatch.init_new(reqs, self.pool, self.allocator, self.tree, self.model_config,
-                                               False, self.sg.SpeculativeAlgorithm.NONE)
+        batch = self.sg.ScheduleBatch.init_new(
+            reqs, self.pool, self.allocator, self.tree, self.model_config, False, self.sg.SpeculativeAlgorithm.NONE
+        )
         batch.prepare_for_extend()
         return batch
 

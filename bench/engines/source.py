@@ -9,6 +9,7 @@ Only the wheel's .py files under the given prefixes are unpacked. If none works,
 Unavailable with the reason (the tests' conftest turns it into a skip: they never pass without the
 engine's code).
 """
+
 import fcntl
 import os
 import pathlib
@@ -53,8 +54,18 @@ def _unpack(wheel, dest, prefixes):
 def _download(name, version, dest, prefixes):
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent) as wheel_dir:
-        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-               "-d", wheel_dir, "%s==%s" % (name, version)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-d",
+            wheel_dir,
+            "%s==%s" % (name, version),
+        ]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -82,6 +93,8 @@ def engine_root(name, version, prefixes):
         fcntl.flock(lock, fcntl.LOCK_EX)
         why = None if (cached / _COMPLETE).exists() else _download(name, version, cached, prefixes)
         if why is not None:
-            raise Unavailable("%s %s's source is not here: no carried copy (.engines/%s or $PINSTAGE_ENGINE_SRC), "
-                        "no cache (%s), and %s" % (name, version, folder, cached, why))
+            raise Unavailable(
+                "%s %s's source is not here: no carried copy (.engines/%s or $PINSTAGE_ENGINE_SRC), "
+                "no cache (%s), and %s" % (name, version, folder, cached, why)
+            )
     return cached

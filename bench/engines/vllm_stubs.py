@@ -5,6 +5,7 @@ v1/utils.py, v1/worker/gpu/buffer_utils.py); what they import for other purposes
 usage stats, the scheduler's output, vLLM's logger and platform detection, its compiled ops) is a
 stand-in here, so that the unpacked subset stays small and imports without vLLM's dependencies.
 """
+
 import importlib
 import logging
 import re
@@ -99,10 +100,12 @@ def _triton():
     try:
         import triton
         import triton.language as tl
+
         return triton, tl
     except ImportError:
-        jit = types.SimpleNamespace(jit=lambda fn=None, **kw: fn if fn is not None else (lambda f: f),
-                                    cdiv=lambda a, b: -(-a // b))
+        jit = types.SimpleNamespace(
+            jit=lambda fn=None, **kw: fn if fn is not None else (lambda f: f), cdiv=lambda a, b: -(-a // b)
+        )
         return jit, types.SimpleNamespace(constexpr=int)
 
 
@@ -113,9 +116,12 @@ def _uva_view(cpu_tensor):
 
     class Host:
         __cuda_array_interface__ = {
-            "shape": tuple(cpu_tensor.shape), "strides": tuple(s * cpu_tensor.element_size() for s in cpu_tensor.stride()),
+            "shape": tuple(cpu_tensor.shape),
+            "strides": tuple(s * cpu_tensor.element_size() for s in cpu_tensor.stride()),
             "typestr": torch.empty(0, dtype=cpu_tensor.dtype).numpy().dtype.str,
-            "data": (cpu_tensor.data_ptr(), False), "version": 3}
+            "data": (cpu_tensor.data_ptr(), False),
+            "version": 3,
+        }
 
     view = torch.as_tensor(Host(), device="cuda")
     view._host = cpu_tensor  # the view must keep the pinned memory alive
@@ -131,8 +137,12 @@ def _install_stand_ins(root):
     _module("vllm.platforms", current_platform=_Platform())
     triton, tl = _triton()
     _module("vllm.triton_utils", triton=triton, tl=tl)
-    _module("vllm.usage.usage_lib", UsageContext=types.SimpleNamespace(ENGINE_CONTEXT="engine"), is_usage_stats_enabled=lambda: False,
-            usage_message=None)
+    _module(
+        "vllm.usage.usage_lib",
+        UsageContext=types.SimpleNamespace(ENGINE_CONTEXT="engine"),
+        is_usage_stats_enabled=lambda: False,
+        usage_message=None,
+    )
     _module("vllm.utils.network_utils", ZmqListener=object, get_open_zmq_ipc_path=None, get_tcp_uri=None)
     _module("vllm.utils.system_utils", decorate_logs=None, kill_process_tree=None, set_process_title=None)
     _module("vllm.v1.core.sched.output", SchedulerOutput=object)
@@ -167,4 +177,5 @@ def load_vllm():
     return types.SimpleNamespace(
         torch_utils=importlib.import_module("vllm.utils.torch_utils"),
         v1_utils=importlib.import_module("vllm.v1.utils"),
-        buffer_utils=importlib.import_module("vllm.v1.worker.gpu.buffer_utils"))
+        buffer_utils=importlib.import_module("vllm.v1.worker.gpu.buffer_utils"),
+    )

@@ -7,8 +7,8 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/utils/pybind.h>
 
-#include "ring/options.h"
 #include "python/py_objects.h"
+#include "ring/options.h"
 
 namespace pinstage {
 

@@ -7,17 +7,17 @@
 #include <utility>
 #include <vector>
 
+#include "bindings/errors.h"
 #include "convert/buffer_source.h"
 #include "convert/item_plan.h"
-#include "bindings/errors.h"
-#include "ring/options.h"
-#include "ring/device_stats.h"
-#include "ring/registry.h"
 #include "copy/fetch.h"
-#include "tensor/stage.h"
-#include "tensor/static_inputs.h"
 #include "copy/target.h"
 #include "python/py_objects.h"
+#include "ring/device_stats.h"
+#include "ring/options.h"
+#include "ring/registry.h"
+#include "tensor/stage.h"
+#include "tensor/static_inputs.h"
 
 namespace py = pybind11;
 
@@ -182,35 +182,38 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<FetchHandle, std::shared_ptr<FetchHandle>>(m, "FetchHandle")
       .def("ready", [](FetchHandle& h) { return translate_errors([&] { return h.ready(); }); })
-      .def("wait", [](FetchHandle& h) {
-        translate_errors([&] {
-          py::gil_scoped_release no_gil;
-          h.wait();
-        });
-      })
-      .def("tensors", [](FetchHandle& h) {
-        return translate_errors([&] {
-          if (!h.ready()) {
-            py::gil_scoped_release no_gil;
-            h.wait();
-          }
-          return h.tensors();
-        });
-      })
+      .def("wait",
+           [](FetchHandle& h) {
+             translate_errors([&] {
+               py::gil_scoped_release no_gil;
+               h.wait();
+             });
+           })
+      .def("tensors",
+           [](FetchHandle& h) {
+             return translate_errors([&] {
+               if (!h.ready()) {
+                 py::gil_scoped_release no_gil;
+                 h.wait();
+               }
+               return h.tensors();
+             });
+           })
       .def("release", &FetchHandle::release)
       .def_property_readonly("released", &FetchHandle::released)
       .def("__len__", &FetchHandle::count);
   m.def("fetch", [](py::handle tensors, py::handle stream) {
-    return translate_errors([&] { return FetchHandle::start(tensors_arg(tensors, "fetch_many"), stream.ptr(), "fetch"); });
+    return translate_errors(
+        [&] { return FetchHandle::start(tensors_arg(tensors, "fetch_many"), stream.ptr(), "fetch"); });
   });
 
   py::class_<StaticInputs>(m, "StaticInputs")
       .def(py::init([](py::handle fields, int64_t max_bs, py::handle device) {
-        return translate_errors([&] { return std::make_unique<StaticInputs>(static_field_specs(fields), max_bs, device.ptr()); });
+        return translate_errors(
+            [&] { return std::make_unique<StaticInputs>(static_field_specs(fields), max_bs, device.ptr()); });
       }))
-      .def("stage", [](StaticInputs& s, py::handle values, py::handle n, py::handle stream) {
-        translate_errors([&] { s.stage(values.ptr(), n.ptr(), stream.ptr()); });
-      })
+      .def("stage", [](StaticInputs& s, py::handle values, py::handle n,
+                       py::handle stream) { translate_errors([&] { s.stage(values.ptr(), n.ptr(), stream.ptr()); }); })
       .def("views", &StaticInputs::views)
       .def_property_readonly("device", &StaticInputs::device);
 

@@ -4,8 +4,8 @@
 #include <ATen/ops/from_blob.h>
 
 #include <cstring>
-#include <type_traits>
 #include <memory>
+#include <type_traits>
 #include <utility>
 
 #include "convert/dtypes.h"
@@ -45,23 +45,41 @@ c10::ScalarType element_type_of(const char* format, Py_ssize_t itemsize, bool se
   if (format[0] == '\0' || format[1] != '\0') return ScalarType::Undefined;
   const auto by_size = [itemsize](ScalarType s1, ScalarType s2, ScalarType s4, ScalarType s8) {
     switch (itemsize) {
-      case 1: return s1;
-      case 2: return s2;
-      case 4: return s4;
-      case 8: return s8;
-      default: return ScalarType::Undefined;
+      case 1:
+        return s1;
+      case 2:
+        return s2;
+      case 4:
+        return s4;
+      case 8:
+        return s8;
+      default:
+        return ScalarType::Undefined;
     }
   };
   switch (format[0]) {
-    case '?': return itemsize == 1 ? ScalarType::Bool : ScalarType::Undefined;
-    case 'b': case 'h': case 'i': case 'l': case 'q':
+    case '?':
+      return itemsize == 1 ? ScalarType::Bool : ScalarType::Undefined;
+    case 'b':
+    case 'h':
+    case 'i':
+    case 'l':
+    case 'q':
       return by_size(ScalarType::Char, ScalarType::Short, ScalarType::Int, ScalarType::Long);
-    case 'B': case 'H': case 'I': case 'L': case 'Q':
+    case 'B':
+    case 'H':
+    case 'I':
+    case 'L':
+    case 'Q':
       return by_size(ScalarType::Byte, ScalarType::UInt16, ScalarType::UInt32, ScalarType::UInt64);
-    case 'e': return itemsize == 2 ? ScalarType::Half : ScalarType::Undefined;
-    case 'f': return itemsize == 4 ? ScalarType::Float : ScalarType::Undefined;
-    case 'd': return itemsize == 8 ? ScalarType::Double : ScalarType::Undefined;
-    default: return ScalarType::Undefined;
+    case 'e':
+      return itemsize == 2 ? ScalarType::Half : ScalarType::Undefined;
+    case 'f':
+      return itemsize == 4 ? ScalarType::Float : ScalarType::Undefined;
+    case 'd':
+      return itemsize == 8 ? ScalarType::Double : ScalarType::Undefined;
+    default:
+      return ScalarType::Undefined;
   }
 }
 
@@ -104,10 +122,18 @@ void gather_strided(uint8_t* dst, const uint8_t* src, c10::IntArrayRef shape, c1
       std::memcpy(dst, from, row_bytes);
     } else {
       switch (itemsize) {
-        case 1: copy_elements<1>(dst, from, row, step); break;
-        case 2: copy_elements<2>(dst, from, row, step); break;
-        case 4: copy_elements<4>(dst, from, row, step); break;
-        default: copy_elements<8>(dst, from, row, step); break;
+        case 1:
+          copy_elements<1>(dst, from, row, step);
+          break;
+        case 2:
+          copy_elements<2>(dst, from, row, step);
+          break;
+        case 4:
+          copy_elements<4>(dst, from, row, step);
+          break;
+        default:
+          copy_elements<8>(dst, from, row, step);
+          break;
       }
     }
     dst += row_bytes;
@@ -245,8 +271,8 @@ bool BufferSource::write(c10::ScalarType dtype, void* dst) const {
     // torch.tensor(array, dtype=...) is torch.from_numpy(array).to(dtype): torch's own copy kernel
     // for the cast (and the gather of a strided array). Python dispatch modes are kept out of it.
     const NoPythonDispatch no_python;
-    const at::Tensor src = at::from_blob(const_cast<void*>(data_), shape_, element_strides_,
-                                         at::TensorOptions().dtype(element_type_));
+    const at::Tensor src =
+        at::from_blob(const_cast<void*>(data_), shape_, element_strides_, at::TensorOptions().dtype(element_type_));
     at::from_blob(dst, shape_, at::TensorOptions().dtype(dtype)).copy_(src);
     return true;
   }

@@ -13,9 +13,7 @@
 namespace pinstage {
 namespace {
 
-inline bool is_fast_scalar(PyObject* o) {
-  return PyLong_CheckExact(o) || PyFloat_CheckExact(o) || PyBool_Check(o);
-}
+inline bool is_fast_scalar(PyObject* o) { return PyLong_CheckExact(o) || PyFloat_CheckExact(o) || PyBool_Check(o); }
 
 // Range elements are ints computed from start/step; each still passes through store() semantics.
 template <class T>

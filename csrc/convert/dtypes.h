@@ -25,19 +25,32 @@ inline std::string dtype_name(c10::ScalarType t) { return "torch." + std::string
 template <class Fn>
 decltype(auto) dispatch_dtype(c10::ScalarType t, Fn&& fn) {
   switch (t) {
-    case c10::ScalarType::Bool: return fn(bool{});
-    case c10::ScalarType::Byte: return fn(uint8_t{});
-    case c10::ScalarType::Char: return fn(int8_t{});
-    case c10::ScalarType::Short: return fn(int16_t{});
-    case c10::ScalarType::Int: return fn(int32_t{});
-    case c10::ScalarType::Long: return fn(int64_t{});
-    case c10::ScalarType::UInt16: return fn(uint16_t{});
-    case c10::ScalarType::UInt32: return fn(uint32_t{});
-    case c10::ScalarType::UInt64: return fn(uint64_t{});
-    case c10::ScalarType::Half: return fn(c10::Half{});
-    case c10::ScalarType::BFloat16: return fn(c10::BFloat16{});
-    case c10::ScalarType::Float: return fn(float{});
-    default: return fn(double{});
+    case c10::ScalarType::Bool:
+      return fn(bool{});
+    case c10::ScalarType::Byte:
+      return fn(uint8_t{});
+    case c10::ScalarType::Char:
+      return fn(int8_t{});
+    case c10::ScalarType::Short:
+      return fn(int16_t{});
+    case c10::ScalarType::Int:
+      return fn(int32_t{});
+    case c10::ScalarType::Long:
+      return fn(int64_t{});
+    case c10::ScalarType::UInt16:
+      return fn(uint16_t{});
+    case c10::ScalarType::UInt32:
+      return fn(uint32_t{});
+    case c10::ScalarType::UInt64:
+      return fn(uint64_t{});
+    case c10::ScalarType::Half:
+      return fn(c10::Half{});
+    case c10::ScalarType::BFloat16:
+      return fn(c10::BFloat16{});
+    case c10::ScalarType::Float:
+      return fn(float{});
+    default:
+      return fn(double{});
   }
 }
 

@@ -20,12 +20,11 @@ namespace {
 // (static destructors run after Python finalises) would crash.
 PyObject* g_fallback = nullptr;
 
-PyObject* dtype_object(c10::ScalarType t) {
-  return reinterpret_cast<PyObject*>(torch::getTHPDtype(t));
-}
+PyObject* dtype_object(c10::ScalarType t) { return reinterpret_cast<PyObject*>(torch::getTHPDtype(t)); }
 
 at::Tensor call_fallback(PyObject* data, c10::ScalarType dtype) {
-  TORCH_CHECK(g_fallback != nullptr, "pinstage: the fallback converter is not registered (import pinstage, not pinstage._C)");
+  TORCH_CHECK(g_fallback != nullptr,
+              "pinstage: the fallback converter is not registered (import pinstage, not pinstage._C)");
   PyObject* result = checked(PyObject_CallFunctionObjArgs(g_fallback, data, dtype_object(dtype), nullptr));
   THPObjectPtr owned(result);
   TORCH_CHECK(is_tensor(result), "pinstage: the fallback converter returned a non-tensor");
@@ -75,7 +74,8 @@ void normalize_bools(const ItemPlan& plan, void* dst) {
 void write_tensor(const ItemPlan& plan, void* dst) {
   const at::Tensor& t = plan.tensor;
   if (!t.device().is_cpu() || t.sizes() != c10::IntArrayRef(plan.shape)) data_changed(plan, t.sizes());
-  TORCH_CHECK(has_real_memory(t), "pinstage: the data tensor's storage changed while it was being staged (Python "
+  TORCH_CHECK(has_real_memory(t),
+              "pinstage: the data tensor's storage changed while it was being staged (Python "
               "code run during the conversion resized or replaced it); nothing was staged");
   if (plan.nbytes == 0) return;
   if (t.scalar_type() == plan.dtype && t.is_contiguous() && !t.is_neg() && !t.is_conj()) {
@@ -101,7 +101,8 @@ bool tensor_is_copyable(const at::Tensor& t) {
                    "; pinstage stages host data (for device tensors use tensor.to(device, non_blocking=True))");
   TORCH_CHECK_TYPE(t.layout() == c10::kStrided, "pinstage: data is a ", t.layout(),
                    " tensor; pinstage stages dense tensors (use tensor.to_dense())");
-  TORCH_CHECK_TYPE(!t.is_nested(), "pinstage: data is a nested tensor; pinstage stages dense tensors (stage "
+  TORCH_CHECK_TYPE(!t.is_nested(),
+                   "pinstage: data is a nested tensor; pinstage stages dense tensors (stage "
                    "each component, or use tensor.to_padded_tensor())");
   TORCH_CHECK_TYPE(!t.is_quantized(), "pinstage: data is a quantized tensor (", dtype_name(t.scalar_type()),
                    "); its memory holds quantized integers, not values: stage tensor.dequantize()");

@@ -30,8 +30,8 @@ inline bool has_value_dispatch_key(const at::Tensor& t) {
 // or swapped its storage.
 inline bool storage_covers(const at::Tensor& t) {
   if (!t.has_storage()) return false;
-  const size_t needed = at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.itemsize(),
-                                                         static_cast<size_t>(t.storage_offset()));
+  const size_t needed =
+      at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.itemsize(), static_cast<size_t>(t.storage_offset()));
   if (needed == 0) return true;
   const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
   return storage->data_ptr().get() != nullptr && storage->nbytes() >= needed;

@@ -7,10 +7,10 @@
 #include <tuple>
 
 #include "convert/tensor_memory.h"
-#include "ring/options.h"
-#include "ring/registry.h"
 #include "copy/ring_copy.h"
 #include "copy/target.h"
+#include "ring/options.h"
+#include "ring/registry.h"
 
 #ifdef PINSTAGE_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -70,7 +70,7 @@ std::shared_ptr<FetchHandle> FetchHandle::start(const std::vector<at::Tensor>& t
       const at::Tensor resolved = t.detach().resolve_conj().resolve_neg();
       const bool fresh = t.is_conj() || t.is_neg();
       handle->host_.push_back(fresh && resolved.is_contiguous() ? resolved
-                                                               : resolved.clone(at::MemoryFormat::Contiguous));
+                                                                : resolved.clone(at::MemoryFormat::Contiguous));
     }
     return handle;
   }
@@ -165,8 +165,9 @@ std::vector<at::Tensor> FetchHandle::tensors() {
   for (size_t i = 0; i < shapes_.size(); ++i) {
     // Each view holds the region: released (for reuse) only when the handle and every view are gone.
     std::shared_ptr<Region> hold = region;
-    out.push_back(at::from_blob(region->lease.data + offsets_[i], shapes_[i], [hold](void*) mutable { hold.reset(); },
-                                at::TensorOptions().dtype(dtypes_[i])));
+    out.push_back(at::from_blob(
+        region->lease.data + offsets_[i], shapes_[i], [hold](void*) mutable { hold.reset(); },
+        at::TensorOptions().dtype(dtypes_[i])));
   }
 #endif
   return out;

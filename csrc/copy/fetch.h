@@ -18,16 +18,15 @@ class FetchHandle {
  public:
   // Copies `tensors` (any device tensors, or CPU tensors, which are copied at once) into one held
   // region on `stream` (None: the tensors' device's current stream), one copy per tensor.
-  static std::shared_ptr<FetchHandle> start(const std::vector<at::Tensor>& tensors, PyObject* stream,
-                                            const char* api);
+  static std::shared_ptr<FetchHandle> start(const std::vector<at::Tensor>& tensors, PyObject* stream, const char* api);
   ~FetchHandle();
 
   // Each may run while another thread releases the handle (wait() runs with the GIL released):
   // the region is taken under the handle's lock, and a reference keeps it while it is read.
-  bool ready();          // never waits
-  void wait();           // waits for this fetch's copies only; the caller may release the GIL
+  bool ready();                       // never waits
+  void wait();                        // waits for this fetch's copies only; the caller may release the GIL
   std::vector<at::Tensor> tensors();  // CPU tensors over the held memory (waits first)
-  void release();        // the handle's hold; views keep theirs
+  void release();                     // the handle's hold; views keep theirs
   bool released() const;
   size_t count() const { return shapes_.size(); }
 

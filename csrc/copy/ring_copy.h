@@ -12,10 +12,10 @@
 #include <optional>
 #include <utility>
 
+#include "python/py_objects.h"
 #include "ring/pinned_memory.h"
 #include "ring/registry.h"
 #include "ring/staging_ring.h"
-#include "python/py_objects.h"
 
 namespace pinstage {
 

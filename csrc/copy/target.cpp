@@ -10,7 +10,6 @@
 #include <optional>
 #include <string>
 
-
 #ifdef PINSTAGE_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 
@@ -56,8 +55,8 @@ c10::DeviceIndex checked_cuda_index(long long index, const char* what) {
   TORCH_CHECK_VALUE(index >= 0, "pinstage: ", what, " index must be non-negative, got ", index);
   if (visible_cuda_devices() == 0) built_without_cuda(c10::Device(c10::kCUDA));
   const int count = visible_cuda_devices();
-  TORCH_CHECK_VALUE(index < count, "pinstage: ", what, " cuda:", index, " does not exist (", count,
-                    " CUDA device", count == 1 ? " is" : "s are", " visible)");
+  TORCH_CHECK_VALUE(index < count, "pinstage: ", what, " cuda:", index, " does not exist (", count, " CUDA device",
+                    count == 1 ? " is" : "s are", " visible)");
   return static_cast<c10::DeviceIndex>(index);
 }
 
@@ -68,7 +67,8 @@ c10::Device parse_device_text(PyObject* text) {
   const char* utf8 = PyUnicode_AsUTF8AndSize(text, &size);
   if (utf8 == nullptr) {
     PyErr_Clear();
-    TORCH_CHECK_VALUE(false, "pinstage: device must be a device string such as 'cuda:0'; got a str that is not valid text");
+    TORCH_CHECK_VALUE(false,
+                      "pinstage: device must be a device string such as 'cuda:0'; got a str that is not valid text");
   }
   const std::string s(utf8, static_cast<size_t>(size));
   if (s == "cpu") return c10::Device(c10::kCPU);
@@ -127,8 +127,8 @@ void built_without_cuda(const c10::Device& device) {
 }
 
 c10::Device resolve_device(PyObject* device) {
-  c10::Device d = device == Py_None ? c10::Device(visible_cuda_devices() > 0 ? c10::kCUDA : c10::kCPU)
-                                    : parse_device(device);
+  c10::Device d =
+      device == Py_None ? c10::Device(visible_cuda_devices() > 0 ? c10::kCUDA : c10::kCPU) : parse_device(device);
   if (d.is_cpu()) return d;
 #ifdef PINSTAGE_WITH_CUDA
   ensure_cuda_initialized();
@@ -182,8 +182,9 @@ Target target_on(const c10::Device& device, PyObject* stream, const char* api) {
     t.stream = c10::cuda::getCurrentCUDAStream(device.index());
   } else {
     t.stream = resolve_target(stream, Py_None).stream;
-    TORCH_CHECK_VALUE(t.stream->device_index() == device.index(), "pinstage.", api, ": stream is on cuda:",
-                      static_cast<int>(t.stream->device_index()), " but the data is on ", device.str());
+    TORCH_CHECK_VALUE(t.stream->device_index() == device.index(), "pinstage.", api,
+                      ": stream is on cuda:", static_cast<int>(t.stream->device_index()), " but the data is on ",
+                      device.str());
   }
   check_not_capturing(*t.stream, api);
   return t;

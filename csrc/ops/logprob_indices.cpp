@@ -42,8 +42,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprob_indices(const
     // A request keeps at most its rows (1 <= max(pruned, 1) <= len): the kept and input-logprob
     // counts cannot overflow once the rows' total does not.
     const int64_t before = rows_total;
-    TORCH_CHECK(!__builtin_add_overflow(rows_total, len[i], &rows_total), "request ", i, ": extend_seq_lens ",
-                len[i], " after ", before, " rows of the requests before it: the row index passes 2**63 - 1");
+    TORCH_CHECK(!__builtin_add_overflow(rows_total, len[i], &rows_total), "request ", i, ": extend_seq_lens ", len[i],
+                " after ", before, " rows of the requests before it: the row index passes 2**63 - 1");
     const int64_t pruned = len[i] - start[i];
     kept_total += pruned == 0 ? 1 : pruned;
     logprob_total += pruned;

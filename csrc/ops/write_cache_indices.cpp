@@ -19,10 +19,10 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include "ring/options.h"
-#include "ring/registry.h"
 #include "copy/ring_copy.h"
 #include "copy/target.h"
+#include "ring/options.h"
+#include "ring/registry.h"
 #endif
 
 #include "convert/dtypes.h"
@@ -58,11 +58,12 @@ void check_out_cache_loc(const at::Tensor& out_cache_loc, const at::Device& devi
 // One value per request: a contiguous 1-D tensor of `batch` elements of `dtype` on `device` (or on
 // the CPU where `cpu_too`: the CUDA op copies those itself).
 void check_per_request(const at::Tensor& t, const char* name, at::ScalarType dtype, int64_t batch,
-                              const at::Device& device, bool cpu_too = false) {
+                       const at::Device& device, bool cpu_too = false) {
   TORCH_CHECK_TYPE(t.scalar_type() == dtype, kOp, ": ", name, " must be ", dtype_name(dtype), ", got ",
                    dtype_name(t.scalar_type()));
   TORCH_CHECK_VALUE(t.dim() == 1 && t.numel() == batch && t.is_contiguous(), kOp, ": ", name,
-                    " must be a contiguous 1-D tensor of ", batch, " elements (one per request), got shape ", t.sizes());
+                    " must be a contiguous 1-D tensor of ", batch, " elements (one per request), got shape ",
+                    t.sizes());
   TORCH_CHECK_VALUE(t.device() == device || (cpu_too && t.is_cpu()), kOp, ": ", name, " is on ", t.device(),
                     " but req_to_token is on ", device);
 }
@@ -137,8 +138,8 @@ void check_no_overlap(const at::Tensor& req_to_token, at::TensorList prefix_tens
                       std::initializer_list<std::pair<const char*, const at::Tensor*>> inputs) {
   const bool rows_disjoint = req_to_token.size(0) <= 1 || req_to_token.stride(0) >= req_to_token.size(1);
   TORCH_CHECK(at::has_internal_overlap(req_to_token) != at::MemOverlap::Yes && rows_disjoint, kOp,
-              ": req_to_token's rows share memory (shape ", req_to_token.sizes(), ", strides ",
-              req_to_token.strides(), "); pass a tensor whose rows have memory of their own (e.g. .contiguous())");
+              ": req_to_token's rows share memory (shape ", req_to_token.sizes(), ", strides ", req_to_token.strides(),
+              "); pass a tensor whose rows have memory of their own (e.g. .contiguous())");
   for (const auto& [name, t] : inputs) {
     TORCH_CHECK(t == nullptr || !may_overlap(req_to_token, *t), kOp, ": req_to_token overlaps ", name,
                 " in memory; the op writes req_to_token, so pass ", name, " in memory of its own (e.g. .clone())");
@@ -176,13 +177,10 @@ PrefixTable prefix_table(at::TensorList prefix_tensors, int64_t batch, const at:
 // Checks every argument's dtype, shape, device and memory (per-request tensors may be on the CPU
 // for the CUDA op, `cpu_too`), fills what does not depend on where the per-request values are, and
 // takes the prefix table.
-std::pair<CacheIndexParams, PrefixTable> checked_params(const at::Tensor& req_to_token,
-                                                        const at::Tensor& req_pool_indices,
-                                                        at::TensorList prefix_tensors, const at::Tensor& prefix_lens,
-                                                        const at::Tensor& seq_lens,
-                                                        const std::optional<at::Tensor>& out_cache_offsets,
-                                                        const at::Tensor& out_cache_loc,
-                                                        const std::optional<at::Tensor>& extend_lens, bool cpu_too) {
+std::pair<CacheIndexParams, PrefixTable> checked_params(
+    const at::Tensor& req_to_token, const at::Tensor& req_pool_indices, at::TensorList prefix_tensors,
+    const at::Tensor& prefix_lens, const at::Tensor& seq_lens, const std::optional<at::Tensor>& out_cache_offsets,
+    const at::Tensor& out_cache_loc, const std::optional<at::Tensor>& extend_lens, bool cpu_too) {
   check_req_to_token(req_to_token);
   const at::Device device = req_to_token.device();
   const int64_t batch = req_pool_indices.numel();
@@ -209,8 +207,12 @@ std::pair<CacheIndexParams, PrefixTable> checked_params(const at::Tensor& req_to
   check_out_cache_loc(out_cache_loc, device);
   PrefixTable table = prefix_table(prefix_tensors, batch, device);
   check_no_overlap(req_to_token, prefix_tensors,
-                   {{"req_pool_indices", &req_pool_indices}, {"prefix_lens", &prefix_lens}, {"seq_lens", &seq_lens},
-                    {"out_cache_offsets", offsets}, {"extend_lens", extend}, {"out_cache_loc", &out_cache_loc}});
+                   {{"req_pool_indices", &req_pool_indices},
+                    {"prefix_lens", &prefix_lens},
+                    {"seq_lens", &seq_lens},
+                    {"out_cache_offsets", offsets},
+                    {"extend_lens", extend},
+                    {"out_cache_loc", &out_cache_loc}});
   CacheIndexParams p{};
   p.req_to_token = req_to_token.data_ptr<int32_t>();
   p.row_stride = req_to_token.stride(0);
@@ -248,9 +250,9 @@ void check_on_host(CacheIndexParams& p, const PrefixTable& table, HostValues& v,
     check_request_span(static_cast<int64_t>(i), v.rows[i], prefix_len, seq_len, p.rows, p.max_context_len);
     // Bounds as subtractions that cannot overflow: 0 <= prefix <= seq was checked above.
     const int64_t extend_len = seq_len - prefix_len;
-    TORCH_CHECK_VALUE(v.extend_lens.empty() || v.extend_lens[i] == extend_len, kOp, ": request ", i,
-                      ": extend_lens (", v.extend_lens.empty() ? 0 : v.extend_lens[i],
-                      ") != seq_lens - prefix_lens (", seq_len, " - ", prefix_len, ")");
+    TORCH_CHECK_VALUE(v.extend_lens.empty() || v.extend_lens[i] == extend_len, kOp, ": request ", i, ": extend_lens (",
+                      v.extend_lens.empty() ? 0 : v.extend_lens[i], ") != seq_lens - prefix_lens (", seq_len, " - ",
+                      prefix_len, ")");
     TORCH_CHECK_VALUE(prefix_len <= table.numels[i], kOp, ": request ", i, ": prefix_tensors entry has ",
                       table.numels[i], " elements but prefix_lens is ", prefix_len);
     if (given) {
@@ -358,7 +360,8 @@ void write_cache_indices(const at::Tensor& req_to_token, const at::Tensor& req_p
                                    out_cache_offsets, out_cache_loc, extend_lens, /*cpu_too=*/on_cuda);
   const bool host_values = req_pool_indices.is_cpu() && prefix_lens.is_cpu() && seq_lens.is_cpu() &&
                            (!out_cache_offsets || out_cache_offsets->is_cpu());
-  TORCH_CHECK_VALUE(host_values || !extend_lens, kOp, ": extend_lens is checked on the host: pass it with the "
+  TORCH_CHECK_VALUE(host_values || !extend_lens, kOp,
+                    ": extend_lens is checked on the host: pass it with the "
                     "per-request values on the CPU");
   HostValues values;
   if (host_values) {

@@ -11,25 +11,25 @@
 namespace pinstage {
 
 // X(name): every integer counter, in the order stats() lists them.
-#define PINSTAGE_STAT_COUNTERS(X)                                                                      \
-  X(ring_bytes)                   /* the staging ring's size */                                        \
-  X(calls)                        /* staging calls */                                                  \
-  X(bytes_staged)                 /* bytes they moved */                                               \
-  X(copies)                       /* host-to-device copies enqueued */                                 \
-  X(fallbacks)                    /* items converted by torch.tensor, not pinstage's converters */     \
-  X(in_flight_bytes)              /* ring bytes still read by copies */                                \
-  X(peak_in_flight_bytes)         /* the most ever */                                                  \
-  X(pending_regions)              /* ring regions not yet released */                                  \
-  X(overflows)                    /* requests served by overflow blocks */                             \
-  X(waits)                        /* waits under on_full="wait" */                                     \
-  X(wraps)                        /* times the ring's allocation went back to its start */             \
-  X(events_created)               /* CUDA events made (none in steady state) */                        \
-  X(overflow_reserved_bytes)      /* pinned overflow blocks kept now */                                \
-  X(overflow_peak_reserved_bytes) /* ... at most */                                                    \
-  X(overflow_in_flight_bytes)     /* ... in use by copies */                                           \
-  X(fetches)                      /* fetch_to_host calls */                                            \
-  X(fetch_bytes)                  /* bytes they brought back */                                        \
-  X(fetch_in_flight_bytes)        /* fetch ring and overflow bytes not yet released */                 \
+#define PINSTAGE_STAT_COUNTERS(X)                                                                  \
+  X(ring_bytes)                   /* the staging ring's size */                                    \
+  X(calls)                        /* staging calls */                                              \
+  X(bytes_staged)                 /* bytes they moved */                                           \
+  X(copies)                       /* host-to-device copies enqueued */                             \
+  X(fallbacks)                    /* items converted by torch.tensor, not pinstage's converters */ \
+  X(in_flight_bytes)              /* ring bytes still read by copies */                            \
+  X(peak_in_flight_bytes)         /* the most ever */                                              \
+  X(pending_regions)              /* ring regions not yet released */                              \
+  X(overflows)                    /* requests served by overflow blocks */                         \
+  X(waits)                        /* waits under on_full="wait" */                                 \
+  X(wraps)                        /* times the ring's allocation went back to its start */         \
+  X(events_created)               /* CUDA events made (none in steady state) */                    \
+  X(overflow_reserved_bytes)      /* pinned overflow blocks kept now */                            \
+  X(overflow_peak_reserved_bytes) /* ... at most */                                                \
+  X(overflow_in_flight_bytes)     /* ... in use by copies */                                       \
+  X(fetches)                      /* fetch_to_host calls */                                        \
+  X(fetch_bytes)                  /* bytes they brought back */                                    \
+  X(fetch_in_flight_bytes)        /* fetch ring and overflow bytes not yet released */             \
   X(fetch_overflows)              /* fetches served by overflow blocks */
 
 struct DeviceStats {

@@ -16,9 +16,12 @@ OnFull parse_on_full(const std::string& s) {
 
 const char* on_full_name(OnFull f) {
   switch (f) {
-    case OnFull::kOverflow: return "overflow";
-    case OnFull::kWait: return "wait";
-    default: return "error";
+    case OnFull::kOverflow:
+      return "overflow";
+    case OnFull::kWait:
+      return "wait";
+    default:
+      return "error";
   }
 }
 
@@ -38,11 +41,10 @@ size_t parse_byte_count(const std::string& text, const char* what) {
     const std::string rest = unit.substr(1);
     if (rest != "" && rest != "B" && rest != "IB") shift = 64;
   }
-  TORCH_CHECK_VALUE(has_digits && shift < 64 && n > 0,
-                    "pinstage: ", what, " must be a positive byte count such as 8388608, \"8M\" or \"1G\", got \"",
-                    text, "\"");
-  TORCH_CHECK_VALUE(!overflow && n <= (static_cast<unsigned long long>(INT64_MAX) >> shift), "pinstage: ", what,
-                    " \"", text, "\" is too large");
+  TORCH_CHECK_VALUE(has_digits && shift < 64 && n > 0, "pinstage: ", what,
+                    " must be a positive byte count such as 8388608, \"8M\" or \"1G\", got \"", text, "\"");
+  TORCH_CHECK_VALUE(!overflow && n <= (static_cast<unsigned long long>(INT64_MAX) >> shift), "pinstage: ", what, " \"",
+                    text, "\" is too large");
   return static_cast<size_t>(n << shift);
 }
 

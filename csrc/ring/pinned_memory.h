@@ -22,8 +22,8 @@ inline uint8_t* allocate_pinned(size_t bytes, c10::DeviceIndex device) {
   const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    TORCH_CHECK_WITH(OutOfMemoryError, false, "pinstage: could not pin ", bytes, " bytes of host memory for cuda:",
-                     static_cast<int>(device), ": ", cudaGetErrorString(err));
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "pinstage: could not pin ", bytes,
+                     " bytes of host memory for cuda:", static_cast<int>(device), ": ", cudaGetErrorString(err));
   }
   return static_cast<uint8_t*>(p);
 }
@@ -34,9 +34,10 @@ inline void copy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   const cudaError_t err = cudaMemcpyAsync(dst, src, bytes, kind, stream);
   if (err == cudaErrorStreamCaptureUnsupported || err == cudaErrorStreamCaptureImplicit) {
     (void)cudaGetLastError();
-    TORCH_CHECK(false, "pinstage: the CUDA driver refused the copy because another thread is capturing a CUDA graph "
-                       "in torch's default \"global\" capture mode, which forbids it (and torch's own copies) in every "
-                       "thread; capture with torch.cuda.graph(..., capture_error_mode=\"thread_local\") to stage meanwhile");
+    TORCH_CHECK(false,
+                "pinstage: the CUDA driver refused the copy because another thread is capturing a CUDA graph "
+                "in torch's default \"global\" capture mode, which forbids it (and torch's own copies) in every "
+                "thread; capture with torch.cuda.graph(..., capture_error_mode=\"thread_local\") to stage meanwhile");
   }
   C10_CUDA_CHECK(err);
 }

@@ -139,7 +139,8 @@ StagingRing::Acquired StagingRing::try_acquire(size_t bytes) {
 void StagingRing::wait_for(cudaEvent_t event, const char* why) {
   // This is the one blocking call in pinstage; honour torch's sync debug mode like torch's own.
   const auto mode = c10::cuda::warning_state().get_sync_debug_mode();
-  TORCH_CHECK(mode != c10::cuda::SyncDebugMode::L_ERROR, why, ", and synchronisation is an error here "
+  TORCH_CHECK(mode != c10::cuda::SyncDebugMode::L_ERROR, why,
+              ", and synchronisation is an error here "
               "(torch.cuda.set_sync_debug_mode / pinstage.testing.no_sync)");
   if (mode == c10::cuda::SyncDebugMode::L_WARN) TORCH_WARN(why, " (torch.cuda.set_sync_debug_mode)");
   // The event may be recycled by another thread once released, but only after it completed, and

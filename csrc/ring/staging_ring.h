@@ -142,7 +142,7 @@ class StagingRing {
   // replacing it (set_options), so the slab being pinned is not retired meanwhile.
   std::mutex alloc_mu_;
   std::mutex mu_;
-  std::unique_ptr<Slab> slab_;                  // the live slab; base allocated lazily
+  std::unique_ptr<Slab> slab_;  // the live slab; base allocated lazily
   size_t capacity_;
   std::vector<std::unique_ptr<Slab>> retired_;  // resized away, freed once nothing uses them
   std::atomic<OnFull> on_full_;

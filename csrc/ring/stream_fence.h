@@ -7,8 +7,8 @@
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <cuda_runtime_api.h>
 
-#include <cstdint>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -102,8 +102,10 @@ class StreamFences {
   // One region covered by `f` was released.
   void release(StreamFence* f) {
     if (--f->holders > 0) return;
-    if (f->event != nullptr) events_.release(f->event);
-    else forget_open(f);
+    if (f->event != nullptr)
+      events_.release(f->event);
+    else
+      forget_open(f);
     *f = StreamFence{};
     free_.push_back(f);
   }

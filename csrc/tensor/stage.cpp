@@ -9,11 +9,11 @@
 #include "convert/dtypes.h"
 #include "convert/item_plan.h"
 #include "convert/tensor_memory.h"
-#include "ring/registry.h"
-#include "python/error_prefix.h"
 #include "copy/ring_copy.h"
 #include "copy/target.h"
+#include "python/error_prefix.h"
 #include "python/py_objects.h"
+#include "ring/registry.h"
 
 #ifdef PINSTAGE_WITH_CUDA
 #include <ATen/EmptyTensor.h>
@@ -137,7 +137,8 @@ void check_out_unchanged(const at::Tensor& out, c10::ScalarType dtype, c10::Devi
                   has_real_memory(out),
               "pinstage.stage_into: out changed while data was being converted (it is now ",
               dtype_name(out.scalar_type()), " of shape ", out.sizes(), " on ", out.device(), "; it was ",
-              dtype_name(dtype), " with ", numel, " elements on ", device, ", or its storage no longer holds it); "
+              dtype_name(dtype), " with ", numel, " elements on ", device,
+              ", or its storage no longer holds it); "
               "nothing was written");
 }
 
@@ -159,7 +160,8 @@ std::vector<at::Tensor> stage_many(PyObject* items, PyObject* stream, PyObject* 
   // data is held (data_refs) as soon as it is read. A list is read in place, not copied: Python
   // code run by an item may mutate it, so its length is checked before each item is read, and a
   // pair is read before any Python code runs for it.
-  TORCH_CHECK_TYPE(PySequence_Check(items), "pinstage.stage_many: items must be a sequence of (data, dtype) pairs, got ",
+  TORCH_CHECK_TYPE(PySequence_Check(items),
+                   "pinstage.stage_many: items must be a sequence of (data, dtype) pairs, got ",
                    Py_TYPE(items)->tp_name);
   THPObjectPtr seq(checked(PySequence_Fast(items, "pinstage.stage_many: items must be a sequence")));
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.get());
@@ -187,21 +189,26 @@ std::vector<at::Tensor> stage_many(PyObject* items, PyObject* stream, PyObject* 
 
 void stage_into(PyObject* data, PyObject* out_obj, PyObject* stream) {
   RECORD_USER_SCOPE("pinstage::stage_into");  // a range in the torch profiler
-  TORCH_CHECK_TYPE(is_tensor(out_obj), "pinstage.stage_into: out must be a torch.Tensor, got ", Py_TYPE(out_obj)->tp_name);
+  TORCH_CHECK_TYPE(is_tensor(out_obj), "pinstage.stage_into: out must be a torch.Tensor, got ",
+                   Py_TYPE(out_obj)->tp_name);
   // The variable's own tensor (not a copy): a later `out.data = ...` shows through it.
   const at::Tensor& out = unpack_tensor(out_obj);
   const c10::ScalarType dtype = out.scalar_type();
   const c10::Device device = out.device();
   TORCH_CHECK_TYPE(is_supported_dtype(dtype), "pinstage.stage_into: out has unsupported dtype ", dtype_name(dtype));
-  TORCH_CHECK_TYPE(has_real_memory(out), "pinstage.stage_into: out must be a dense tensor whose storage holds its "
-                   "values; got a ", Py_TYPE(out_obj)->tp_name, " without one (a tensor subclass, FakeTensor, zero, "
+  TORCH_CHECK_TYPE(has_real_memory(out),
+                   "pinstage.stage_into: out must be a dense tensor whose storage holds its "
+                   "values; got a ",
+                   Py_TYPE(out_obj)->tp_name,
+                   " without one (a tensor subclass, FakeTensor, zero, "
                    "nested or quantized tensor)");
   // A neg view's storage holds the negated values: bytes written there would read back negated.
-  TORCH_CHECK_VALUE(!out.is_neg(), "pinstage.stage_into: out is a negative view (_neg_view()); its storage holds "
+  TORCH_CHECK_VALUE(!out.is_neg(),
+                    "pinstage.stage_into: out is a negative view (_neg_view()); its storage holds "
                     "the negated values, so pass the tensor it views, or a resolved copy (resolve_neg())");
   TORCH_CHECK_VALUE(out.is_contiguous(), "pinstage.stage_into: out must be contiguous");
-  TORCH_CHECK_VALUE(device.is_cpu() || device.is_cuda(), "pinstage.stage_into: out must be on the CPU or a CUDA device, got ",
-                    device.str());
+  TORCH_CHECK_VALUE(device.is_cpu() || device.is_cuda(),
+                    "pinstage.stage_into: out must be on the CPU or a CUDA device, got ", device.str());
   const int64_t out_numel = out.numel();
   [[maybe_unused]] const Target target = target_on(device, stream, "stage_into");  // no stream on the CPU
   ItemPlan plan = plan_item(data, dtype);
@@ -219,7 +226,8 @@ void stage_into(PyObject* data, PyObject* out_obj, PyObject* stream) {
 #ifdef PINSTAGE_WITH_CUDA
   c10::cuda::CUDAGuard device_guard(device.index());
   copy_through_ring(
-      device.index(), plan.nbytes, target.stream->stream(), [&](uint8_t* region) -> size_t {
+      device.index(), plan.nbytes, target.stream->stream(),
+      [&](uint8_t* region) -> size_t {
         write_item(plan, region);
         return plan.via_fallback ? 1 : 0;  // when planned or when written, as stage_many counts
       },

@@ -6,10 +6,10 @@
 #include <cstring>
 
 #include "convert/tensor_memory.h"
+#include "copy/target.h"
+#include "python/error_prefix.h"
 #include "ring/options.h"
 #include "ring/registry.h"
-#include "python/error_prefix.h"
-#include "copy/target.h"
 
 #ifdef PINSTAGE_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -45,7 +45,8 @@ int64_t rows_arg(PyObject* n, int64_t max_bs) {
   if (rows == -1 && PyErr_Occurred()) throw PythonError();
   if (overflow != 0 || rows < 0 || rows > max_bs) {
     THPObjectPtr text(checked(PyObject_Str(index.get())));
-    TORCH_CHECK_VALUE(false, kStage, ": n must be between 0 and max_bs=", max_bs, ", got ", PyUnicode_AsUTF8(text.get()));
+    TORCH_CHECK_VALUE(false, kStage, ": n must be between 0 and max_bs=", max_bs, ", got ",
+                      PyUnicode_AsUTF8(text.get()));
   }
   return rows;
 }
@@ -55,7 +56,8 @@ int64_t rows_arg(PyObject* n, int64_t max_bs) {
 class StagingScope {
  public:
   explicit StagingScope(bool& staging) : staging_(staging) {
-    TORCH_CHECK(!staging_, kStage, ": these inputs are already being staged (by Python code that a conversion "
+    TORCH_CHECK(!staging_, kStage,
+                ": these inputs are already being staged (by Python code that a conversion "
                 "ran, or by another thread); one StaticInputs has one writer; nothing was staged");
     staging_ = true;
   }
@@ -76,17 +78,23 @@ StaticInputs::StaticInputs(const std::vector<StaticFieldSpec>& specs, int64_t ma
   size_t end = 0;
   std::vector<std::vector<int64_t>> shapes;
   for (const StaticFieldSpec& spec : specs) {
-    Field f{THPObjectPtr(checked(PyUnicode_FromStringAndSize(spec.name.data(), static_cast<Py_ssize_t>(spec.name.size())))),
-            spec.name, spec.dtype, spec.row_shape, 0, 0, 0};
+    Field f{
+        THPObjectPtr(checked(PyUnicode_FromStringAndSize(spec.name.data(), static_cast<Py_ssize_t>(spec.name.size())))),
+        spec.name,
+        spec.dtype,
+        spec.row_shape,
+        0,
+        0,
+        0};
     for (int64_t s : spec.row_shape) {
       TORCH_CHECK_VALUE(s >= 0, "pinstage.StaticInputs: ", f.label(), " has a negative dimension in its shape ",
                         c10::IntArrayRef(spec.row_shape));
     }
     // Its bytes are read below: a fill made under a dispatch mode (a FakeTensor) has none.
     const at::Tensor& fill = spec.fill;
-    TORCH_CHECK_TYPE(has_real_memory(fill) && fill.device().is_cpu() && fill.scalar_type() == spec.dtype &&
-                         fill.numel() == 1,
-                     "pinstage.StaticInputs: ", f.label(), ": fill must be one CPU value of its dtype held in memory");
+    TORCH_CHECK_TYPE(
+        has_real_memory(fill) && fill.device().is_cpu() && fill.scalar_type() == spec.dtype && fill.numel() == 1,
+        "pinstage.StaticInputs: ", f.label(), ": fill must be one CPU value of its dtype held in memory");
     f.row_bytes = checked_nbytes(spec.row_shape, spec.dtype, &f.row_numel);
     std::vector<int64_t> shape{max_bs};
     shape.insert(shape.end(), spec.row_shape.begin(), spec.row_shape.end());
@@ -221,7 +229,8 @@ size_t StaticInputs::write_region(uint8_t* region, FieldValues& data, int64_t n,
 
 void StaticInputs::check_storage_intact() const {
   TORCH_CHECK(buffer_.storage().data() == data_ && buffer_.storage().nbytes() >= static_cast<size_t>(buffer_.numel()),
-              kStage, ": the inputs' memory was replaced or resized (through a view's storage) while the values were "
+              kStage,
+              ": the inputs' memory was replaced or resized (through a view's storage) while the values were "
               "being converted; a graph captured its old address; nothing was staged");
 }
 

@@ -80,7 +80,7 @@ class StaticInputs {
   std::vector<Field> fields_;
   int64_t max_bs_;
   c10::Device device_;
-  at::Tensor buffer_;  // uint8, the one allocation
+  at::Tensor buffer_;           // uint8, the one allocation
   const void* data_ = nullptr;  // its address, which a captured graph reads
   std::vector<at::Tensor> views_;
   std::vector<uint8_t> fill_image_;  // the whole allocation with every row at its field's fill
@@ -88,7 +88,7 @@ class StaticInputs {
   // whole (the copy runs to the last field's rows), so only the last one's rows beyond n can be
   // stale from an earlier, larger n; the copy extends over them. Read and written with the GIL held.
   int64_t dirty_rows_;
-  bool staging_ = false;  // a stage() is running (with the GIL held, or waiting for ring room)
+  bool staging_ = false;              // a stage() is running (with the GIL held, or waiting for ring room)
   std::vector<uint8_t> host_region_;  // the CPU path's region: one stage() at a time uses it
 #ifdef PINSTAGE_WITH_CUDA
   std::optional<c10::cuda::CUDAStream> allocation_stream_;

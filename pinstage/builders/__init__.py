@@ -7,13 +7,21 @@ Two shapes that give equal tensors:
   SamplingParams are accepted as they are; protocols.py lists the fields each builder reads): a Python gather plus one
   stage_many.
 """
+
 from .batch_state import BatchState
 from .cache import write_cache_indices
 from .decode import DecodeInputs, build_decode_inputs, build_penalty_last_token_ids, last_token_ids
 from .logits import LogprobIndices, build_logprob_indices
 from .protocols import (
-    BatchRequest, DecodeRequest, KvRequest, PoolRow, RowRequest, SampledKvRequest, SampledRowRequest,
-    SamplingFields, TokenHistory,
+    BatchRequest,
+    DecodeRequest,
+    KvRequest,
+    PoolRow,
+    RowRequest,
+    SampledKvRequest,
+    SampledRowRequest,
+    SamplingFields,
+    TokenHistory,
 )
 from .requests import TOP_K_ALL, Request, SamplingParams
 from .sampling import DEFAULT_SAMPLING_SEED, SamplingBatch, build_sampling_batch

@@ -1,5 +1,6 @@
 """Validation for the builders: cheap whole-batch checks, with a walk over the requests only on
 failure, to name the request and the field."""
+
 from typing import Any, Callable, List, NoReturn, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -7,7 +8,6 @@ import torch
 from typing_extensions import TypeGuard  # in typing from Python 3.10; torch depends on typing_extensions
 
 import pinstage
-
 from pinstage._api import Device
 
 # (name, one value per request, dtype): a field as stage_fields stages it.
@@ -66,7 +66,9 @@ def _raise_first_invalid(
     raise AssertionError(f"{field}: the batch check failed but no request fails it")
 
 
-def stage_fields(fields: Sequence[NamedValues], stream: Optional[torch.cuda.Stream], device: Device) -> List[torch.Tensor]:
+def stage_fields(
+    fields: Sequence[NamedValues], stream: Optional[torch.cuda.Stream], device: Device
+) -> List[torch.Tensor]:
     """fields: [(name, values, dtype)] with one value per request. Stages them together (one
     stage_many: one ring region, one copy); when a value cannot be converted, re-raises the error
     naming the request and the field."""

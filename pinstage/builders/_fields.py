@@ -1,5 +1,6 @@
 """Reading the fields of protocols.py off an engine's objects, with a TypeError naming what was
 expected when an object lacks one (instead of an AttributeError from deep inside a builder)."""
+
 from collections.abc import Sequence as SequenceABC
 from typing import Any, List, Optional, Sequence, Tuple
 

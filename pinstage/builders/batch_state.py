@@ -7,6 +7,7 @@ whole batch at once when sampled tokens come back; a step is then one stage_many
 one ring region and one copy, whatever the batch size. pinstage's ring is what makes reusing the
 host memory behind those copies safe: the columns are never the copy's source, the ring is.
 """
+
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -14,7 +15,7 @@ import numpy.typing as npt
 import torch
 
 import pinstage
-from pinstage import StaticInputs, _C
+from pinstage import _C, StaticInputs
 from pinstage._api import Device
 
 from ._checks import is_integer_entry
@@ -49,6 +50,7 @@ _MASK_HINT = " (a boolean mask is not accepted: pass np.flatnonzero(mask))"
 # The flags column, in sampling_flags' order and then the penalties: a request's contribution to
 # is_all_greedy, need_top_p, need_top_k, need_min_p and need_penalties.
 _FLAGS = _GREEDY, _TOP_P, _TOP_K, _MIN_P, _PENALTIES = range(5)
+
 
 class BatchState:
     """The requests of a running batch, one row ("slot") each, in batch order.
@@ -172,8 +174,10 @@ class BatchState:
         if not values.size:
             return np.zeros(0, dtype=np.int64)
         if values.dtype.kind not in "iuO":  # "O": ints beyond 64 bits, which the range check names
-            raise TypeError(f"BatchState.{method}: slots must be ints, got dtype {values.dtype}"
-                            + _MASK_HINT * (values.dtype.kind == "b"))
+            raise TypeError(
+                f"BatchState.{method}: slots must be ints, got dtype {values.dtype}"
+                + _MASK_HINT * (values.dtype.kind == "b")
+            )
         n = self._size
         outside = (values < 0) | (values >= n)
         if outside.any():
@@ -244,11 +248,17 @@ class BatchState:
     def decode_inputs(self, *, stream: Optional[torch.cuda.Stream] = None, device: Device = None) -> DecodeInputs:
         """DecodeInputs (input_ids, seq_lens, req_pool_indices: int64 [bs]) in one copy."""
         n, c = self._size, self._cols
-        return DecodeInputs(*pinstage.stage_many(
-            [(c["last_token_ids"][:n], torch.int64), (c["seq_lens"][:n], torch.int64),
-             (c["req_pool_indices"][:n], torch.int64)],
-            stream, device=device,
-        ))
+        return DecodeInputs(
+            *pinstage.stage_many(
+                [
+                    (c["last_token_ids"][:n], torch.int64),
+                    (c["seq_lens"][:n], torch.int64),
+                    (c["req_pool_indices"][:n], torch.int64),
+                ],
+                stream,
+                device=device,
+            )
+        )
 
     def penalty_last_token_ids(
         self, *, stream: Optional[torch.cuda.Stream] = None, device: Device = None
@@ -257,7 +267,10 @@ class BatchState:
         return pinstage.stage_to_device(self._cols["last_token_ids"][: self._size], torch.int64, stream, device=device)
 
     def sampling_batch(
-        self, *, enable_deterministic_sampling: bool = False, stream: Optional[torch.cuda.Stream] = None,
+        self,
+        *,
+        enable_deterministic_sampling: bool = False,
+        stream: Optional[torch.cuda.Stream] = None,
         device: Device = None,
     ) -> SamplingBatch:
         """SamplingBatch (as build_sampling_batch gives it) in one copy, made again only after
@@ -290,7 +303,10 @@ class BatchState:
         return batch
 
     def stage_static(
-        self, inputs: StaticInputs, extra: Optional[Mapping[str, Any]] = None, *,
+        self,
+        inputs: StaticInputs,
+        extra: Optional[Mapping[str, Any]] = None,
+        *,
         stream: Optional[torch.cuda.Stream] = None,
     ) -> None:
         """Fills a CUDA graph's static inputs for this step with ONE StaticInputs.stage (one copy on
@@ -324,8 +340,10 @@ def _check_fits_column(field: str, value: int, column: str) -> None:
     written)."""
     info = np.iinfo(_COLUMNS[column][0])
     if not info.min <= value <= info.max:
-        raise RuntimeError(f"BatchState.add: sampling_params.{field} = {value!r} cannot be converted to "
-                           f"torch.{info.dtype}: value cannot be converted to type {info.dtype} without overflow")
+        raise RuntimeError(
+            f"BatchState.add: sampling_params.{field} = {value!r} cannot be converted to "
+            f"torch.{info.dtype}: value cannot be converted to type {info.dtype} without overflow"
+        )
 
 
 def _checked_int(where: str, field: str, value: object, lo: int, hi: int) -> int:

@@ -1,6 +1,7 @@
 """write_cache_indices: point each request's row of req_to_token at its KV slots, as SGLang's
 write_cache_indices does before a prefill: the cached prefix's slots at [0, prefix_len), the newly
 allocated slots (its slice of out_cache_loc) at [prefix_len, seq_len)."""
+
 import contextlib
 from typing import Any, Iterable, List, Optional, Sequence, Union
 
@@ -55,8 +56,9 @@ def write_cache_indices(
     # each request's offset in out_cache_loc and copies them with the prefix table in one copy.
     with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
         try:
-            torch.ops.pinstage.write_cache_indices(req_to_token, rows, prefix_tensors, prefixes, lengths, None,
-                                                   out_cache_loc, extends)
+            torch.ops.pinstage.write_cache_indices(
+                req_to_token, rows, prefix_tensors, prefixes, lengths, None, out_cache_loc, extends
+            )
         except (TypeError, RuntimeError):
             _raise_if_not_tensors(prefix_tensors)
             raise
@@ -67,8 +69,9 @@ def _raise_if_not_tensors(prefix_tensors: List[torch.Tensor]) -> None:
     parser), as a TypeError naming the request (looked for only once the op has refused the call)."""
     for i, t in enumerate(prefix_tensors):
         if not issubclass(type(t), torch.Tensor):
-            raise TypeError(f"write_cache_indices: request {i}: prefix_tensors entry must be a tensor, got "
-                            f"{type(t).__name__}") from None
+            raise TypeError(
+                f"write_cache_indices: request {i}: prefix_tensors entry must be a tensor, got {type(t).__name__}"
+            ) from None
 
 
 def _int64_column(name: str, column: IntColumn) -> torch.Tensor:
@@ -81,8 +84,12 @@ def _int64_column(name: str, column: IntColumn) -> torch.Tensor:
         if column.size and not _is_integer_dtype(dtype):  # an empty batch's array may be float64
             what = "a tensor" if isinstance(column, torch.Tensor) else "a numpy array"
             raise TypeError(f"write_cache_indices: {name} must hold integers, got {what} of {dtype}")
-        if isinstance(column, torch.Tensor) and dtype == torch.int64 and column.device.type == "cpu" \
-                and column.dim() == 1:
+        if (
+            isinstance(column, torch.Tensor)
+            and dtype == torch.int64
+            and column.device.type == "cpu"
+            and column.dim() == 1
+        ):
             return column.contiguous()  # itself where it is: the op checks its memory against req_to_token's
     else:
         # A copy: reading an entry can run Python code (an __index__) that changes the list.

@@ -1,5 +1,6 @@
 """Per-step decode inputs from a list of requests: last-token ids (also the penalty path's latest
 output ids), seq_lens and req_pool_indices, as SGLang's ScheduleBatch.prepare_for_decode makes them."""
+
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
@@ -37,7 +38,10 @@ def last_token_ids(requests: Sequence[TokenHistory], where: str = "last_token_id
 
 
 def build_penalty_last_token_ids(
-    requests: Sequence[TokenHistory], *, stream: Optional[torch.cuda.Stream] = None, device: Device = None,
+    requests: Sequence[TokenHistory],
+    *,
+    stream: Optional[torch.cuda.Stream] = None,
+    device: Device = None,
 ) -> torch.Tensor:
     """int64 [bs] of last tokens for the penalizers, for engines whose input ids are already on the
     device (overlap scheduling) and only the penalty path needs the host's copy. Reads
@@ -48,7 +52,10 @@ def build_penalty_last_token_ids(
 
 
 def build_decode_inputs(
-    requests: Sequence[DecodeRequest], *, stream: Optional[torch.cuda.Stream] = None, device: Device = None,
+    requests: Sequence[DecodeRequest],
+    *,
+    stream: Optional[torch.cuda.Stream] = None,
+    device: Device = None,
 ) -> DecodeInputs:
     """The three per-step decode tensors, staged together (one copy), as SGLang's prepare_for_decode
     makes them. Reads request.origin_input_ids, request.output_ids and the request's req_to_token

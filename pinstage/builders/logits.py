@@ -12,6 +12,7 @@ lens [4, 5, 6], starts [0, 5, 3] give
 so that sum(pruned_lens) == len(input_logprob_indices), which upstream relies on when it expands
 per-request values over the input-logprob rows (repeat_interleave of temperatures by pruned_lens).
 """
+
 from dataclasses import dataclass
 from typing import Any, NoReturn, Optional, Sequence, Tuple
 
@@ -56,7 +57,8 @@ def logprob_index_tensors(
     # staging at small batches).
     indices: Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] = torch.ops.pinstage.logprob_indices(
         torch.from_numpy(np.ascontiguousarray(lens, dtype=np.int64)),
-        torch.from_numpy(np.ascontiguousarray(starts, dtype=np.int64)))
+        torch.from_numpy(np.ascontiguousarray(starts, dtype=np.int64)),
+    )
     return indices
 
 
@@ -91,8 +93,11 @@ def _raise_first_invalid(lens: Sequence[Any], starts: Sequence[Any]) -> NoReturn
 
 
 def build_logprob_indices(
-    extend_seq_lens: Sequence[int], extend_logprob_start_lens: Sequence[int], *,
-    stream: Optional[torch.cuda.Stream] = None, device: Device = None,
+    extend_seq_lens: Sequence[int],
+    extend_logprob_start_lens: Sequence[int],
+    *,
+    stream: Optional[torch.cuda.Stream] = None,
+    device: Device = None,
 ) -> LogprobIndices:
     """Per-request lengths (lists of ints or integer numpy arrays) -> LogprobIndices, the four
     int64 tensors staged together (one copy).

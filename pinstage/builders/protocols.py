@@ -7,6 +7,7 @@ SGLang 0.5.23 keeps a request's req_to_token row at `req.kv.req_pool_idx` (ReqKv
 versions and pinstage's Request at `req.req_pool_idx`: a typing.Protocol cannot say "one of two
 fields", so the requests that carry a row are a Union of the two shapes.
 """
+
 from typing import Optional, Protocol, Sequence, Union
 
 

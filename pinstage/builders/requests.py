@@ -1,4 +1,5 @@
 """The plain request data the builders read: what a scheduler holds per request, no framework."""
+
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
@@ -88,4 +89,3 @@ class Request:
     output_ids: List[int] = field(default_factory=list)
     req_pool_idx: int = 0
     sampling_params: SamplingParams = field(default_factory=SamplingParams)
-

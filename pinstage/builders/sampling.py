@@ -1,5 +1,6 @@
 """Per-batch sampling tensors and flags from a list of SamplingParams, as SGLang's
 SamplingBatchInfo.from_schedule_batch builds them."""
+
 import functools
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
@@ -12,7 +13,6 @@ from ._checks import NamedValues, checked_bounds, stage_fields
 from ._fields import checked_list, missing_field, penalty_row
 from .protocols import SamplingFields
 from .requests import NO_PENALTIES, SAMPLING_FIELDS, SAMPLING_RULES, TOP_K_ALL
-
 
 # The seed a request without one gets when deterministic sampling is on (SGLang's default).
 DEFAULT_SAMPLING_SEED = 42
@@ -60,8 +60,11 @@ def sampling_flags(top_p_min: float, top_k_min: int, top_k_max: int, min_p_max: 
 
 
 def build_sampling_batch(
-    params: Sequence[SamplingFields], *, enable_deterministic_sampling: bool = False,
-    stream: Optional[torch.cuda.Stream] = None, device: Device = None,
+    params: Sequence[SamplingFields],
+    *,
+    enable_deterministic_sampling: bool = False,
+    stream: Optional[torch.cuda.Stream] = None,
+    device: Device = None,
 ) -> SamplingBatch:
     """params: one sampling-parameters object per request, in batch order (pinstage's
     SamplingParams, SGLang's, or any SamplingFields: reads temperature, top_p, top_k, min_p,
@@ -125,8 +128,8 @@ def sampling_fields(
     if need_penalties:
         fields.append(("penalties", penalties, torch.float32))
     return fields, functools.partial(
-        SamplingBatch.from_staged, with_seeds=enable_deterministic_sampling, with_penalties=need_penalties,
-        flags=flags)
+        SamplingBatch.from_staged, with_seeds=enable_deterministic_sampling, with_penalties=need_penalties, flags=flags
+    )
 
 
 def _checked(values: Sequence[Any], name: str) -> Tuple[Any, Any]:

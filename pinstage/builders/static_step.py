@@ -5,6 +5,7 @@ a replay at a bucket larger than the batch reads harmless rows; batch_static_inp
 (with the caller's own per-step fields, e.g. positions and out_cache_loc) and
 BatchState.stage_static() fills them all with one copy.
 """
+
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy.typing as npt
@@ -53,7 +54,11 @@ PENALTY_FIELDS = tuple(name for name, (column, _) in _SOURCES.items() if column 
 
 
 def batch_static_inputs(
-    max_bs: int, extra: Optional[Mapping[str, Field]] = None, *, seeds: bool = False, penalties: bool = False,
+    max_bs: int,
+    extra: Optional[Mapping[str, Field]] = None,
+    *,
+    seeds: bool = False,
+    penalties: bool = False,
     device: Device = None,
 ) -> StaticInputs:
     """A StaticInputs of BATCH_STATE_FIELDS (seeds only with seeds=True, the three penalty fields

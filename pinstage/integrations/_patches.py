@@ -3,6 +3,7 @@
 restore() puts an original back only where pinstage's replacement is still in place: a wrapper that
 other code installed over a replaced function after enable() stays where it is.
 """
+
 import sys
 import types
 from typing import Any, List, Tuple

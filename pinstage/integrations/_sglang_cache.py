@@ -7,6 +7,7 @@ stages everything in one copy and fills the same req_to_token entries with one k
 and on CUDA alike. A pool that writes its table its own way (a subclass overriding `write`), or
 tensors of other dtypes than SGLang's usual ones, go to SGLang's function.
 """
+
 import torch
 
 from pinstage.builders import write_cache_indices as pinstage_write_cache_indices
@@ -15,26 +16,55 @@ from pinstage.builders import write_cache_indices as pinstage_write_cache_indice
 def make_write_cache_indices(sglang_write_cache_indices, table_write):
     """The function to install; `table_write` is ReqToTokenPool.write, the plain table store."""
 
-    def write_cache_indices(out_cache_loc, req_pool_indices_tensor, req_pool_indices_cpu, prefix_lens_tensor,
-                            prefix_lens_cpu, seq_lens_tensor, seq_lens_cpu, extend_lens_tensor, extend_lens_cpu,
-                            prefix_tensors, req_to_token_pool):
+    def write_cache_indices(
+        out_cache_loc,
+        req_pool_indices_tensor,
+        req_pool_indices_cpu,
+        prefix_lens_tensor,
+        prefix_lens_cpu,
+        seq_lens_tensor,
+        seq_lens_cpu,
+        extend_lens_tensor,
+        extend_lens_cpu,
+        prefix_tensors,
+        req_to_token_pool,
+    ):
         def sglang_own():
             return sglang_write_cache_indices(
-                out_cache_loc, req_pool_indices_tensor, req_pool_indices_cpu, prefix_lens_tensor, prefix_lens_cpu,
-                seq_lens_tensor, seq_lens_cpu, extend_lens_tensor, extend_lens_cpu, prefix_tensors,
-                req_to_token_pool)
+                out_cache_loc,
+                req_pool_indices_tensor,
+                req_pool_indices_cpu,
+                prefix_lens_tensor,
+                prefix_lens_cpu,
+                seq_lens_tensor,
+                seq_lens_cpu,
+                extend_lens_tensor,
+                extend_lens_cpu,
+                prefix_tensors,
+                req_to_token_pool,
+            )
 
         table = req_to_token_pool.req_to_token
-        if type(req_to_token_pool).write is not table_write or table.dtype != torch.int32 \
-                or out_cache_loc.dtype != torch.int64:
+        if (
+            type(req_to_token_pool).write is not table_write
+            or table.dtype != torch.int32
+            or out_cache_loc.dtype != torch.int64
+        ):
             return sglang_own()
         # The requests without a cached prefix share SGLang's one empty CPU tensor, which the op
         # accepts (it is never read). A prefix tensor of another dtype is refused (TypeError) before
         # anything is written: SGLang's function then does it its way. The op checks every entry in
         # C++, so no Python loop over the prefix tensors runs here.
         try:
-            pinstage_write_cache_indices(table, req_pool_indices_cpu, prefix_tensors, prefix_lens_cpu, seq_lens_cpu,
-                                         extend_lens_cpu, out_cache_loc)
+            pinstage_write_cache_indices(
+                table,
+                req_pool_indices_cpu,
+                prefix_tensors,
+                prefix_lens_cpu,
+                seq_lens_cpu,
+                extend_lens_cpu,
+                out_cache_loc,
+            )
         except TypeError:
             return sglang_own()
         return None

@@ -7,12 +7,14 @@ the gathered values; the result is field for field what SGLang builds. Batches t
 rarer per-request features (logit bias, custom logit processors, sampling masks, watermarks) are
 handed to SGLang's own method, whose row indices still go through pinstage's helper below.
 """
+
 import operator
 
 import torch
 
 import pinstage
 from pinstage.builders.sampling import DEFAULT_SAMPLING_SEED, sampling_flags
+
 _SAMPLING_VALUES = operator.attrgetter("temperature", "top_p", "top_k", "min_p")
 _PARAMS = operator.attrgetter("sampling_params")
 _MASK = operator.attrgetter("return_sampling_mask")
@@ -47,8 +49,7 @@ def make_from_schedule_batch(sglang_from_schedule_batch, module):
             return sglang_from_schedule_batch(cls, batch, vocab_size)
 
         temperatures, top_ps, top_ks, min_ps = zip(*map(_SAMPLING_VALUES, params)) if n else ((), (), (), ())
-        items = [(temperatures, torch.float32), (top_ps, torch.float32), (top_ks, torch.int32),
-                 (min_ps, torch.float32)]
+        items = [(temperatures, torch.float32), (top_ps, torch.float32), (top_ks, torch.int32), (min_ps, torch.float32)]
         deterministic = settings.deterministic.enable_deterministic_inference
         if deterministic:
             items.append(([DEFAULT_SAMPLING_SEED if s is None else s for s in map(_SEED, params)], torch.int64))
@@ -58,7 +59,8 @@ def make_from_schedule_batch(sglang_from_schedule_batch, module):
         # gives its any/all flags.
         k_min, k_max = (min(top_ks), max(top_ks)) if n else (None, None)
         all_greedy, need_top_p, need_top_k, need_min_p = (
-            sampling_flags(min(top_ps), k_min, k_max, max(min_ps)) if n else (True, False, False, False))
+            sampling_flags(min(top_ps), k_min, k_max, max(min_ps)) if n else (True, False, False, False)
+        )
         penalties = module.penaltylib
         info = cls(
             temperatures=staged[0].view(-1, 1),

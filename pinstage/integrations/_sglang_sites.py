@@ -8,6 +8,7 @@ rewritten, and the result is compiled with the function's own globals, file name
 every other line runs as SGLang wrote it, and tracebacks point into SGLang's file. The number of
 sites found must equal the number expected for the tested version, else nothing is patched.
 """
+
 import __future__
 
 import ast
@@ -48,8 +49,9 @@ def with_staged_copies(function, expected_sites):
     )
     module = ast.fix_missing_locations(ast.Module(body=[outer], type_ignores=[]))
     ast.increment_lineno(module, function.__code__.co_firstlineno - 1)
-    code = compile(module, function.__code__.co_filename, "exec",
-                   flags=__future__.annotations.compiler_flag, dont_inherit=True)
+    code = compile(
+        module, function.__code__.co_filename, "exec", flags=__future__.annotations.compiler_flag, dont_inherit=True
+    )
     outer_code = next(c for c in code.co_consts if isinstance(c, types.CodeType))
     rewritten = types.FunctionType(outer_code, function.__globals__)(pinstage.stage_to_device)
     rewritten.__defaults__ = function.__defaults__
@@ -84,8 +86,12 @@ def _site(call):
     if not (isinstance(to, ast.Attribute) and to.attr == "to" and isinstance(to.value, ast.Call)):
         return None
     make = to.value
-    if not (isinstance(make.func, ast.Attribute) and make.func.attr == "tensor"
-            and isinstance(make.func.value, ast.Name) and make.func.value.id == "torch"):
+    if not (
+        isinstance(make.func, ast.Attribute)
+        and make.func.attr == "tensor"
+        and isinstance(make.func.value, ast.Name)
+        and make.func.value.id == "torch"
+    ):
         return None
     made = {k.arg: k.value for k in make.keywords}
     if len(make.args) != 1 or "dtype" not in made or not set(made) <= {"dtype", "pin_memory"}:

@@ -20,6 +20,7 @@ What changes while enabled (SGLang 0.5.23):
   pinstage.stage_to_device (see _sglang_sites).
 disable() puts every original back. Importing pinstage never imports SGLang; this module does.
 """
+
 import contextlib
 import importlib
 import importlib.metadata
@@ -70,8 +71,7 @@ def enable():
         if version is None or version.split("+")[0] not in TESTED_VERSIONS:
             found = "is not installed" if version is None else f"is version {version}"
             raise RuntimeError(
-                f"pinstage.integrations.sglang was tested with SGLang {', '.join(TESTED_VERSIONS)} only; "
-                f"SGLang {found}"
+                f"pinstage.integrations.sglang was tested with SGLang {', '.join(TESTED_VERSIONS)} only; SGLang {found}"
             )
         patches = _replacements()  # everything built before anything is replaced
         for owner, attribute, replacement in patches:
@@ -106,12 +106,14 @@ def _replacements():
 
     sampling = importlib.import_module(_SAMPLING_BATCH_INFO)
     info = sampling.SamplingBatchInfo
-    out.append((info, "from_schedule_batch",
-                make_from_schedule_batch(info.__dict__["from_schedule_batch"].__func__, sampling)))
+    out.append(
+        (info, "from_schedule_batch", make_from_schedule_batch(info.__dict__["from_schedule_batch"].__func__, sampling))
+    )
     out.append((sampling, "_rows_to_device_indices", rows_to_device_indices))
 
     allocation = importlib.import_module(_ALLOCATION)
     table_write = importlib.import_module(_POOL).ReqToTokenPool.write
-    out.append((allocation, "write_cache_indices",
-                make_write_cache_indices(allocation.write_cache_indices, table_write)))
+    out.append(
+        (allocation, "write_cache_indices", make_write_cache_indices(allocation.write_cache_indices, table_write))
+    )
     return out

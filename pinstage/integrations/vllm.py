@@ -21,6 +21,7 @@ convert, a stream capturing a CUDA graph, a full ring with on_full="error"): so 
 gives what vLLM's gives and raises what vLLM's raises. counters() says how many calls took each way.
 Importing this module imports nothing of vLLM; enable() does.
 """
+
 import functools
 import importlib.metadata
 import itertools
@@ -42,8 +43,23 @@ from ._patches import Patches
 TESTED_VERSIONS = ("0.33.0",)
 SWITCH = "PINSTAGE_VLLM"  # "0" (or off/false/no): the plugin leaves vLLM as it is
 
-_DTYPES = frozenset((torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16,
-                     torch.uint32, torch.uint64, torch.float16, torch.bfloat16, torch.float32, torch.float64))
+_DTYPES = frozenset(
+    (
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.uint16,
+        torch.uint32,
+        torch.uint64,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+    )
+)
 _UNSIGNED = frozenset((torch.uint8, torch.uint16, torch.uint32, torch.uint64))
 _NUMPY_DTYPES = {torch.empty(0, dtype=t).numpy().dtype: t for t in _DTYPES if t is not torch.bfloat16}
 
@@ -82,8 +98,12 @@ def _serves_argument(device):
 def _staged_h2d(data, device=None, dtype=None, out=None):
     if out is not None:
         # vLLM asserts that the dtypes agree and that data is on the host
-        if (dtype not in (None, out.dtype) or out.dtype not in _DTYPES or not _host_data(data)
-                or not _serves_tensor(out)):
+        if (
+            dtype not in (None, out.dtype)
+            or out.dtype not in _DTYPES
+            or not _host_data(data)
+            or not _serves_tensor(out)
+        ):
             return None
         if not isinstance(data, (list, tuple)) and tuple(data.shape) == tuple(out.shape) and out.is_contiguous():
             return pinstage.stage_into(data, out)
@@ -150,7 +170,7 @@ def counters():
 
 
 def _value(count):
-    return int(repr(count)[len("count("):-1])  # the next value a count gives: the calls so far
+    return int(repr(count)[len("count(") : -1])  # the next value a count gives: the calls so far
 
 
 def _check_version():
@@ -159,8 +179,10 @@ def _check_version():
     except importlib.metadata.PackageNotFoundError:
         raise RuntimeError("pinstage.integrations.vllm: vLLM is not installed") from None
     if version.split("+")[0] not in TESTED_VERSIONS:  # a local build tag (+cu130) leaves the source as released
-        raise RuntimeError("pinstage.integrations.vllm: vLLM %s is not supported; tested with vLLM %s"
-                           % (version, ", ".join(TESTED_VERSIONS)))
+        raise RuntimeError(
+            "pinstage.integrations.vllm: vLLM %s is not supported; tested with vLLM %s"
+            % (version, ", ".join(TESTED_VERSIONS))
+        )
 
 
 def _no_cuda_staging():
@@ -201,13 +223,19 @@ def enable():
         _device_served.clear()
         pool_device = torch.device(current_platform.device_type)  # UVA views and NonUvaBuffer are there
         _pool_device = pool_device if _serves(pool_device) else None
-        labels = [_replace(torch_utils, "async_tensor_h2d", _staged_h2d),
-                  _replace(buffer_utils.UvaBufferPool, "copy_to_uva", _pool_rows),
-                  _replace(buffer_utils.UvaBufferPool, "copy_to_gpu", _staged_pool_copy_to_gpu),
-                  _replace(v1_utils.CpuGpuBuffer, "copy_to_gpu", _staged_buffer_copy_to_gpu)]
-        _log.info("pinstage %s: vLLM's %s stage through pinstage's ring (%s=0 turns this off; "
-                  "pinstage.integrations.vllm.counters() counts the calls)",
-                  pinstage.__version__, ", ".join(labels), SWITCH)
+        labels = [
+            _replace(torch_utils, "async_tensor_h2d", _staged_h2d),
+            _replace(buffer_utils.UvaBufferPool, "copy_to_uva", _pool_rows),
+            _replace(buffer_utils.UvaBufferPool, "copy_to_gpu", _staged_pool_copy_to_gpu),
+            _replace(v1_utils.CpuGpuBuffer, "copy_to_gpu", _staged_buffer_copy_to_gpu),
+        ]
+        _log.info(
+            "pinstage %s: vLLM's %s stage through pinstage's ring (%s=0 turns this off; "
+            "pinstage.integrations.vllm.counters() counts the calls)",
+            pinstage.__version__,
+            ", ".join(labels),
+            SWITCH,
+        )
 
 
 def _switched_off():
@@ -229,8 +257,11 @@ def plugin():
     except RuntimeError as exc:
         why = str(exc)
     if why is not None:
-        warnings.warn("pinstage.integrations.vllm: %s; vLLM's own staging helpers stay in place" % why,
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            "pinstage.integrations.vllm: %s; vLLM's own staging helpers stay in place" % why,
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return
     enable()
 

@@ -1,9 +1,11 @@
 """Objects shaped like SGLang 0.5.23's (its Req keeps the row in a ReqKvInfo, output_ids an array("q")),
 used as the builders' protocols allow: mypy (.ci/run) finds no error."""
+
 from array import array
 from typing import List, Optional
 
 import torch
+
 from pinstage.builders import BatchState, SamplingBatch, build_decode_inputs, build_sampling_batch
 
 
