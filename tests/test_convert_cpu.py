@@ -554,22 +554,7 @@ def test_arrays_buffers_and_tensors_take_no_fallback(dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_cpu_tensors(dtype):
     rng = seeded_rng("tensor", dtype_name(dtype))
-    src_dtypes = [
-        torch.bool,
-        torch.uint8,
-        torch.int8,
-        torch.int16,
-        torch.int32,
-        torch.int64,
-        torch.uint16,
-        torch.uint32,
-        torch.uint64,
-        torch.float16,
-        torch.bfloat16,
-        torch.float32,
-        torch.float64,
-    ]
-    for src in src_dtypes:
+    for src in DTYPES:  # every source dtype into every target
         t = torch.tensor(small_ints(60, rng), dtype=src)
         check(t, dtype)
         check(t.reshape(6, 10).t(), dtype)
