@@ -42,7 +42,7 @@ def test_the_switch_reaches_a_spawned_scheduler_child(tmp_path, monkeypatch, swi
 
 def test_the_hook_watches_the_modules_the_integration_patches():
     patched = {module for module, *_ in pinstage_sglang._REWRITTEN}
-    patched |= {pinstage_sglang._SAMPLING, pinstage_sglang._ALLOCATION, pinstage_sglang._POOL}
+    patched |= {pinstage_sglang._SAMPLING_BATCH_INFO, pinstage_sglang._ALLOCATION, pinstage_sglang._POOL}
     assert _pinstage_hook.MODULES == patched
 
 

@@ -46,8 +46,8 @@ def vllm():
 @pytest.fixture
 def cuda_staging(monkeypatch):
     """As where pinstage stages to CUDA (a CUDA build, a GPU visible): what plugin() asks first."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(pinstage._C, "cuda_device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(pinstage._C, "built_with_cuda", True)
     monkeypatch.setattr(torch.version, "hip", None)
     monkeypatch.delenv(plugin.SWITCH, raising=False)
 
@@ -392,9 +392,9 @@ def test_the_plugin_declines_with_one_warning_where_pinstage_cannot_stage_to_cud
     """vLLM loads every installed plugin: where pinstage cannot stage to vLLM's device, vLLM keeps its
     own helpers (before, the patched helpers raised "built without CUDA" or gave CPU tensors)."""
     if where == "no_gpu":
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     elif where == "cpu_build":
-        monkeypatch.setattr(pinstage._C, "cuda_device_count", lambda: 0)
+        monkeypatch.setattr(pinstage._C, "built_with_cuda", False)
     else:
         monkeypatch.setattr(torch.version, "hip", "6.4.0")
     originals = _routed_helpers(vllm)
@@ -408,8 +408,8 @@ def test_this_machines_pinstage_decides_without_pretending(vllm):
     """Here (CPU-only build, or a GPU machine with a CUDA build) plugin() routes exactly when
     pinstage stages to CUDA."""
     originals = _routed_helpers(vllm)
-    can = torch.cuda.is_available() and pinstage._C.cuda_device_count() > 0 and not torch.version.hip
-    assert (pinstage._C.cuda_device_count() > 0) == (pinstage.stats()["device"] != "cpu")
+    can = torch.cuda.is_available() and pinstage._C.built_with_cuda and not torch.version.hip
+    assert (pinstage._C.built_with_cuda and torch.cuda.is_available()) == (pinstage.stats()["device"] != "cpu")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -550,6 +550,61 @@ def test_enable_does_not_initialise_cuda(vllm):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_a_vllm_the_plugin_cannot_patch_whole_starts_as_shipped(vllm, monkeypatch, cuda_staging):
+    """A helper missing where enable() replaces it (a vLLM build that moved it): plugin() warns once,
+    raises nothing (vLLM calls plugins unguarded) and leaves none of the helpers patched."""
+    moved = type("CpuGpuBuffer", (vllm.v1_utils.CpuGpuBuffer,), {})  # copy_to_gpu only inherited
+    monkeypatch.setattr(vllm.v1_utils, "CpuGpuBuffer", moved)  # the last of the four replaced
+    originals = _routed_helpers(vllm)
+    with pytest.warns(RuntimeWarning, match="KeyError.*vLLM's own staging helpers stay in place"):
+        plugin.plugin()
+    assert _routed_helpers(vllm) == originals
+    assert not plugin._patches
+
+
+def test_deciding_makes_no_cuda_runtime_call(vllm, monkeypatch):
+    """plugin() decides without cudaGetDeviceCount (torch.cuda.is_available()'s call), which
+    initialises the driver: vLLM forks its workers after loading plugins, and a child of a process
+    whose driver is initialised cannot use CUDA. torch.cuda.device_count() asks NVML first."""
+
+    def initialises_the_driver():
+        raise AssertionError("cudaGetDeviceCount was called")
+
+    monkeypatch.setattr(torch._C, "_cuda_getDeviceCount", initialises_the_driver)
+    monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "_cached_device_count", None)
+    monkeypatch.setattr(pinstage._C, "built_with_cuda", True)
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert plugin._no_cuda_staging() is None
+
+
+@pytest.mark.cuda
+def test_a_forked_child_uses_cuda_after_the_plugin_loaded(vllm):
+    """As vLLM's default "fork" workers: the plugin loads in the parent, a forked child then uses CUDA."""
+    code = textwrap.dedent("""
+        import os, sys, torch
+        from bench.engines import vllm_stubs
+        vllm_stubs.load_vllm()
+        from pinstage.integrations import vllm
+        vllm.plugin()
+        pid = os.fork()
+        if pid == 0:
+            ok = torch.zeros(3, device="cuda").add(1).sum().item() == 3
+            os._exit(0 if ok else 3)
+        _, status = os.waitpid(pid, 0)
+        print("child exit", os.waitstatus_to_exitcode(status), "parent initialised", torch.cuda.is_initialized())
+    """)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=pathlib.Path(__file__).parent.parent,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "child exit 0 parent initialised False", done.stdout
 
 
 def _steps_behind_busy_kernel(vllm, steps, n):

@@ -173,9 +173,13 @@ PYBIND11_MODULE(_C, m) {
       if (d.is_cuda()) free_unused_ring_memory(d.index());
     });
   });
-  // The CUDA devices pinstage can stage to: 0 when built without CUDA. Initialises no CUDA state, so
-  // that an engine's plugin can decide in a process that never uses the GPU.
-  m.def("cuda_device_count", [] { return visible_cuda_devices(); });
+  // Whether this build stages to CUDA devices at all: a constant, so that an engine's plugin can
+  // decide without a CUDA call (cudaGetDeviceCount initialises the driver, which a fork then inherits).
+#ifdef PINSTAGE_WITH_CUDA
+  m.attr("built_with_cuda") = true;
+#else
+  m.attr("built_with_cuda") = false;
+#endif
   m.def("target_device", [](py::handle stream, py::handle device) {
     return translate_errors([&] { return resolve_target(stream.ptr(), device.ptr()).device; });
   });

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 namespace pinstage {
@@ -23,9 +24,11 @@ std::vector<int64_t> copy_of(const at::Tensor& t) {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprob_indices(const at::Tensor& lens,
                                                                            const at::Tensor& starts) {
-  for (const at::Tensor* t : {&lens, &starts}) {
-    TORCH_CHECK_TYPE(t->device().is_cpu() && t->scalar_type() == at::kLong && t->dim() == 1 && t->is_contiguous(),
-                     "logprob_indices: lengths must be contiguous 1-D CPU int64 tensors");
+  for (const auto& [name, t] : {std::pair{"extend_seq_lens", &lens}, std::pair{"extend_logprob_start_lens", &starts}}) {
+    TORCH_CHECK_TYPE(t->scalar_type() == at::kLong, "logprob_indices: ", name, " must be int64, got ",
+                     t->scalar_type());
+    TORCH_CHECK_VALUE(t->device().is_cpu() && t->dim() == 1 && t->is_contiguous(), "logprob_indices: ", name,
+                      " must be a contiguous 1-D CPU tensor, got shape ", t->sizes(), " on ", t->device());
   }
   const int64_t bs = lens.numel();
   TORCH_CHECK_VALUE(starts.numel() == bs, "extend_seq_lens has ", bs, " entries but extend_logprob_start_lens has ",

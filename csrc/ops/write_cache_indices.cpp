@@ -114,18 +114,21 @@ std::pair<uintptr_t, uintptr_t> byte_range(const at::Tensor& t) {
 }
 
 // Whether two tensors may share memory: torch's test (exact for dense tensors of one storage), and
-// where it cannot tell (a strided req_to_token), whether their address ranges meet.
+// where it cannot tell (a strided req_to_token) or compares two storages over the same memory
+// (views of one numpy buffer through from_numpy, which torch calls "No"), whether their address
+// ranges meet.
 bool may_overlap(const at::Tensor& a, const at::Tensor& b) {
   switch (at::get_overlap_status(a, b)) {
     case at::MemOverlapStatus::Full:
     case at::MemOverlapStatus::Partial:
       return true;
     case at::MemOverlapStatus::No:
-      return false;
+      if (a.storage().is_alias_of(b.storage())) return false;
+      break;
     case at::MemOverlapStatus::TooHard:
       break;
   }
-  if (a.device() != b.device()) return false;
+  if (a.device() != b.device() || a.numel() == 0 || b.numel() == 0) return false;
   const auto [a_begin, a_end] = byte_range(a);
   const auto [b_begin, b_end] = byte_range(b);
   return a_begin < b_end && b_begin < a_end;

@@ -42,15 +42,26 @@ inline void copy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   C10_CUDA_CHECK(err);
 }
 
-// Frees pinned blocks; only configure() and empty_cache() call this, never a staging call.
-// cudaFreeHost waits for the whole device and, while it waits, the driver blocks every other
-// thread's cudaMemcpyAsync (a staging stalled 1.2 s behind a 1.5 s kernel on an H200), whereas
-// cudaDeviceSynchronize blocks only its caller: so the device is drained first, and cudaFreeHost
-// then waits only for work enqueued in between.
-inline void free_pinned(const std::vector<uint8_t*>& blocks, c10::DeviceIndex device) {
-  if (blocks.empty()) return;
+// Waits until `device` is idle, before freeing pinned memory. cudaFreeHost waits for the whole
+// device and, while it waits, the driver blocks every other thread's cudaMemcpyAsync (a staging
+// stalled 1.2 s behind a 1.5 s kernel on an H200), whereas cudaDeviceSynchronize blocks only its
+// caller: drained first, cudaFreeHost then waits only for work enqueued in between. A device-wide
+// wait is invalid while a stream of the device captures a CUDA graph: the caller then frees nothing.
+inline void drain_device(c10::DeviceIndex device) {
   const RingCudaScope scope(device);
-  C10_CUDA_CHECK(cudaDeviceSynchronize());
+  const cudaError_t err = cudaDeviceSynchronize();
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    TORCH_CHECK(false, "pinstage: could not wait for cuda:", static_cast<int>(device),
+                " before freeing pinned memory (", cudaGetErrorString(err),
+                "); nothing was freed. A CUDA graph captured meanwhile by another thread is the usual cause: "
+                "call empty_cache() or configure(ring_bytes=...) after the capture");
+  }
+}
+
+// Frees pinned blocks once drain_device() returned; only configure() and empty_cache() call this.
+inline void free_pinned(const std::vector<uint8_t*>& blocks, c10::DeviceIndex device) {
+  const RingCudaScope scope(device);
   for (uint8_t* p : blocks) C10_CUDA_CHECK(cudaFreeHost(p));
 }
 

@@ -95,7 +95,10 @@ void configure_rings(std::optional<size_t> ring_bytes, std::optional<OnFull> on_
     ring_for(*device, Direction::kToDevice);
     ring_for(*device, Direction::kToHost);
   }
-  for_each_ring(device, [&](StagingRing& ring) { ring.set_options(ring_bytes, on_full); });
+  {
+    GilReleasedIfHeld no_gil;  // a resize frees the old slab, which waits for the device
+    for_each_ring(device, [&](StagingRing& ring) { ring.set_options(ring_bytes, on_full); });
+  }
 #else
   TORCH_CHECK(!device, "pinstage: built without CUDA; there is no ring for cuda:", static_cast<int>(*device));
 #endif

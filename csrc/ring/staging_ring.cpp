@@ -42,6 +42,11 @@ void StagingRing::release_completed_locked() {
 }
 
 void StagingRing::free_unused() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (retired_.empty() && overflow_.reserved_bytes() == 0) return;  // nothing that could be freed
+  }
+  drain_device(device_);  // before anything is taken: if it fails, every block stays where it was
   std::vector<uint8_t*> unused;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -32,7 +32,8 @@
 // - Rings are never destroyed (registry.h): at interpreter exit copies may still be in flight.
 // - Every CUDA call a ring makes runs in relaxed capture mode (cuda_scope.h), so that a graph
 //   captured meanwhile by another thread in torch's default "global" mode is neither refused nor
-//   invalidated by it.
+//   invalidated by it. The exception is freeing (empty_cache(), a resize): its device-wide wait is
+//   invalid during any capture on the device, so it raises then and frees nothing.
 // Each device has two rings: one for stagings (host to device) and one for fetches (device to
 // host, whose regions are also held until the host is done reading them).
 #pragma once

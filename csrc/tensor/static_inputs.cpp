@@ -100,7 +100,8 @@ StaticInputs::StaticInputs(const std::vector<StaticFieldSpec>& specs, int64_t ma
     shape.insert(shape.end(), spec.row_shape.begin(), spec.row_shape.end());
     int64_t numel = 0;
     const size_t bytes = checked_nbytes(shape, spec.dtype, &numel);
-    TORCH_CHECK(end <= static_cast<size_t>(INT64_MAX) - kStagingAlignment - bytes,
+    TORCH_CHECK(bytes <= static_cast<size_t>(INT64_MAX) - kStagingAlignment &&
+                    end <= static_cast<size_t>(INT64_MAX) - kStagingAlignment - bytes,
                 "pinstage.StaticInputs: the fields together are more than 2**63 bytes");
     f.offset = align_up(end, kStagingAlignment);
     end = f.offset + bytes;

@@ -186,14 +186,16 @@ def _check_version():
 
 
 def _no_cuda_staging():
-    """Why pinstage cannot stage to a CUDA device in this process, or None. Initialises no CUDA
-    state (vLLM loads plugins in processes that never use the GPU)."""
+    """Why pinstage cannot stage to a CUDA device in this process, or None. Makes no CUDA call:
+    vLLM loads plugins in processes that fork workers, and a driver initialised before a fork (as
+    torch.cuda.is_available()'s cudaGetDeviceCount does) is unusable in the child;
+    torch.cuda.device_count() asks NVML first."""
     if torch.version.hip:
         return "torch %s is a ROCm build; pinstage stages to CUDA devices only" % torch.__version__
-    if not torch.cuda.is_available():
-        return "no CUDA device is visible"
-    if pinstage._C.cuda_device_count() == 0:
+    if not pinstage._C.built_with_cuda:
         return "this pinstage was built without CUDA (rebuild it where the CUDA toolkit is: see the README)"
+    if torch.cuda.device_count() == 0:
+        return "no CUDA device is visible"
     return None
 
 
@@ -223,12 +225,16 @@ def enable():
         _device_served.clear()
         pool_device = torch.device(current_platform.device_type)  # UVA views and NonUvaBuffer are there
         _pool_device = pool_device if _serves(pool_device) else None
-        labels = [
-            _replace(torch_utils, "async_tensor_h2d", _staged_h2d),
-            _replace(buffer_utils.UvaBufferPool, "copy_to_uva", _pool_rows),
-            _replace(buffer_utils.UvaBufferPool, "copy_to_gpu", _staged_pool_copy_to_gpu),
-            _replace(v1_utils.CpuGpuBuffer, "copy_to_gpu", _staged_buffer_copy_to_gpu),
-        ]
+        try:
+            labels = [
+                _replace(torch_utils, "async_tensor_h2d", _staged_h2d),
+                _replace(buffer_utils.UvaBufferPool, "copy_to_uva", _pool_rows),
+                _replace(buffer_utils.UvaBufferPool, "copy_to_gpu", _staged_pool_copy_to_gpu),
+                _replace(v1_utils.CpuGpuBuffer, "copy_to_gpu", _staged_buffer_copy_to_gpu),
+            ]
+        except BaseException:
+            _patches.restore()  # all or nothing: a later enable() must not find half a patch
+            raise
         _log.info(
             "pinstage %s: vLLM's %s stage through pinstage's ring (%s=0 turns this off; "
             "pinstage.integrations.vllm.counters() counts the calls)",
@@ -254,16 +260,16 @@ def plugin():
     try:
         _check_version()
         why = _no_cuda_staging()
-    except RuntimeError as exc:
-        why = str(exc)
+        if why is None:
+            enable()
+    except Exception as exc:  # whatever went wrong, vLLM must start as shipped
+        why = str(exc) if isinstance(exc, RuntimeError) else "%s: %s" % (type(exc).__name__, exc)
     if why is not None:
         warnings.warn(
             "pinstage.integrations.vllm: %s; vLLM's own staging helpers stay in place" % why,
             RuntimeWarning,
             stacklevel=2,
         )
-        return
-    enable()
 
 
 def disable():
