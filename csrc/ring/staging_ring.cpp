@@ -44,6 +44,9 @@ void StagingRing::release_completed_locked() {
 void StagingRing::free_unused() {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // A slab retired before it was ever pinned (configure() before the first staging) holds nothing.
+    retired_.erase(std::remove_if(retired_.begin(), retired_.end(), [](const auto& s) { return s->base == nullptr; }),
+                   retired_.end());
     if (retired_.empty() && overflow_.reserved_bytes() == 0) return;  // nothing that could be freed
   }
   drain_device(device_);  // before anything is taken: if it fails, every block stays where it was
