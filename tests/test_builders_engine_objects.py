@@ -34,35 +34,27 @@ class EngineKvInfo:
         self.kv_committed_len = 0
 
 
+# The sampling fields a builder reads, which the SamplingParams stand-in copies.
+_SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "sampling_seed",
+)
+
+
 class EngineSamplingParams:
     """SGLang's SamplingParams: the sampling fields plus others the builders must not need; slotted
     (SGLang's is a msgspec.Struct), so nothing can be read that it does not define."""
 
-    __slots__ = (
-        "temperature",
-        "top_p",
-        "top_k",
-        "min_p",
-        "frequency_penalty",
-        "presence_penalty",
-        "repetition_penalty",
-        "sampling_seed",
-        "max_new_tokens",
-        "stop_strs",
-        "logit_bias",
-    )
+    __slots__ = _SAMPLING_FIELDS + ("max_new_tokens", "stop_strs", "logit_bias")
 
     def __init__(self, params: SamplingParams):
-        for name in (
-            "temperature",
-            "top_p",
-            "top_k",
-            "min_p",
-            "frequency_penalty",
-            "presence_penalty",
-            "repetition_penalty",
-            "sampling_seed",
-        ):
+        for name in _SAMPLING_FIELDS:
             setattr(self, name, getattr(params, name))
         self.max_new_tokens, self.stop_strs, self.logit_bias = 128, [], None
 

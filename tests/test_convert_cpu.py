@@ -392,23 +392,26 @@ def test_scalars(dtype):
         check(s, dtype)
 
 
+NUMPY_TYPES = [
+    np.bool_,
+    np.int8,
+    np.uint8,
+    np.int16,
+    np.uint16,
+    np.int32,
+    np.uint32,
+    np.int64,
+    np.uint64,
+    np.float16,
+    np.float32,
+    np.float64,
+]
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_numpy_arrays_of_every_dtype(dtype):
     rng = seeded_rng("np", dtype_name(dtype))
-    for np_type in [
-        np.bool_,
-        np.int8,
-        np.uint8,
-        np.int16,
-        np.uint16,
-        np.int32,
-        np.uint32,
-        np.int64,
-        np.uint64,
-        np.float16,
-        np.float32,
-        np.float64,
-    ]:
+    for np_type in NUMPY_TYPES:
         arr = np.array(small_ints(37, rng), dtype=np_type)
         check(arr, dtype)
         check(arr.reshape(37, 1), dtype)
@@ -447,22 +450,6 @@ def test_buffers(dtype):
     check(bytearray(b"\x00\x01\xff\x80"), dtype)
     check(memoryview(array.array("i", [1, -2, 3])), dtype)
     check(memoryview(bytearray(b"\x05\x06")), dtype)
-
-
-NUMPY_TYPES = [
-    np.bool_,
-    np.int8,
-    np.uint8,
-    np.int16,
-    np.uint16,
-    np.int32,
-    np.uint32,
-    np.int64,
-    np.uint64,
-    np.float16,
-    np.float32,
-    np.float64,
-]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)

@@ -9,7 +9,6 @@ import functools
 import importlib
 import logging
 import pathlib
-import subprocess
 import sys
 import textwrap
 import types
@@ -22,7 +21,7 @@ import staging_reference
 import tomllib
 import torch
 from staging_reference import assert_same_tensor
-from support import BUSY_MS, DEVICES
+from support import BUSY_MS, DEVICES, run_child
 
 import pinstage
 import pinstage.testing
@@ -520,15 +519,8 @@ def test_the_entry_point_is_declared_for_vllm():
 
 def test_importing_the_plugin_imports_no_vllm():
     code = "import sys, pinstage.integrations.vllm; print(any(m.split('.')[0] == 'vllm' for m in sys.modules))"
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=pathlib.Path(__file__).parent.parent,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "False"
+    out = run_child(code, timeout=120)
+    assert out.strip() == "False"
 
 
 @pytest.mark.cuda
@@ -541,15 +533,8 @@ def test_enable_does_not_initialise_cuda(vllm):
         vllm.enable()
         print(torch.cuda.is_initialized())
     """)
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=pathlib.Path(__file__).parent.parent,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "False"
+    out = run_child(code, timeout=300)
+    assert out.strip().splitlines()[-1] == "False"
 
 
 def test_a_vllm_the_plugin_cannot_patch_whole_starts_as_shipped(vllm, monkeypatch, cuda_staging):
@@ -596,15 +581,8 @@ def test_a_forked_child_uses_cuda_after_the_plugin_loaded(vllm):
         _, status = os.waitpid(pid, 0)
         print("child exit", os.waitstatus_to_exitcode(status), "parent initialised", torch.cuda.is_initialized())
     """)
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=pathlib.Path(__file__).parent.parent,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "child exit 0 parent initialised False", done.stdout
+    out = run_child(code, timeout=300)
+    assert out.strip().splitlines()[-1] == "child exit 0 parent initialised False", out
 
 
 def _steps_behind_busy_kernel(vllm, steps, n):
