@@ -189,6 +189,7 @@ class Running:
         self.spec, self.prefix_len = spec, prefix_len
         self.request = Request(prompt, [], req_pool_idx=row, sampling_params=spec.params)
         self.generated = 0  # tokens sampled on the device so far
+        self.prefix_slots = None  # its cached prefix's KV slots (a device view), set when admitted
 
     @property
     def seq_len(self):
@@ -297,7 +298,11 @@ class Loop:
         while self.pending_specs and len(new) < room and budget >= len(self.pending_specs[0].prompt):
             spec = self.pending_specs.pop(0)
             budget -= len(spec.prompt)
-            new.append(Running(spec, self.free_rows.pop(0), cfg.prefix_len if spec.use_prefix else 0))
+            r = Running(spec, self.free_rows.pop(0), cfg.prefix_len if spec.use_prefix else 0)
+            # Its cached prefix's slots, as an engine's radix-cache match hands a request its prefix
+            # indices when it is scheduled: a device view made once, not per builder call.
+            r.prefix_slots = self.prefix_slots[: r.prefix_len]
+            new.append(r)
         return new
 
     def prefill_values(self, new):
@@ -333,7 +338,7 @@ class Loop:
         )
         lens, starts = (np.array(extend_lens), np.array(starts)) if self.state is not None else (extend_lens, starts)
         params = [r.spec.params for r in new]
-        prefixes = [self.prefix_slots[: r.prefix_len] for r in new]
+        prefixes = [r.prefix_slots for r in new]
         cache_args = (m.req_to_token, rows, prefixes, prefix_lens, seq_lens, extend_lens, loc_d)
         if b == "pinstage":
             indices = build_logprob_indices(lens, starts, device=self.dev)

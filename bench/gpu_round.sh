@@ -46,6 +46,11 @@ summary() { grep -E "passed|failed|error" "$OUT/$1.log" | tail -n 2; grep -E "^(
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
+# Wheels carried in .whl (pytest-xdist and execnet: the tests that need no GPU spread over the cores).
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
+    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 stamp "build"
 if ! python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1; then
   tail -n 60 "$OUT/build.log"
@@ -68,7 +73,7 @@ if has tests || has collect; then
   if grep -q "^test command exit:" "$log"; then
     summary tests
     { echo "commit: ${PINSTAGE_COMMIT:-unknown}  command: bash scripts/test.sh"
-      grep -E "(passed|failed|error).* in [0-9.]+s" "$log" | tail -n 1; grep -E "^(FAILED|ERROR)" "$log"; } > "$OUT/tests.txt"
+      grep -E "(passed|failed|error).* in [0-9.]+s" "$log" | tail -n 2; grep -E "^(FAILED|ERROR)" "$log"; } > "$OUT/tests.txt"
   else
     echo "tests: still running after the time box; run this script's \"collect\" stage in the next call"
   fi

@@ -101,6 +101,9 @@ DEFAULT_CYCLES_PER_US = 1980
 PINNED_OVER_PINSTAGE = {16: 3.0, 8192: 10.0}
 PINNED_X10_OVER_STAGE_MANY = 10.0
 BUSY_OVER_IDLE = 1.3
+# pinstage / floor host time for int64 lists, GPU idle and busy: conversion included.
+PINSTAGE_OVER_FLOOR = {1: 1.15, 16: 1.15, 64: 1.15, 256: 1.15, 1024: 1.3}
+DRIVER_CALL_SIZES = (16, 256, 1024)
 NUMPY_PINSTAGE_OVER_VLLM = 0.9
 NUMPY_MANY_OVER_VLLM_X7 = 1 / 3
 FETCH_OVER_NON_BLOCKING_AT_256 = 0.5
@@ -356,6 +359,30 @@ def warm_up(dev, reused, seconds):
         torch.cuda.synchronize()
 
 
+def driver_calls(dev, busy, calls=512):
+    """cudaEventQuery and cudaEventRecord calls per staging of an int64 list (pinstage.stats()),
+    with the GPU idle (every fence done when the ring reclaims) and busy (none done): what a staging
+    costs in driver calls beside its one cudaMemcpyAsync."""
+    out = []
+    for size in DRIVER_CALL_SIZES:
+        values = make_values(torch.int64, size, random.Random(size))
+        row = {"size": size}
+        for mode in ("idle", "busy"):
+            torch.cuda.synchronize()
+            done = busy.launch(busy.sleep_us_for(calls * 20.0)) if mode == "busy" else None
+            before = pinstage.stats(device=dev)
+            for _ in range(calls):
+                pinstage.stage_to_device(values, torch.int64)
+            after = pinstage.stats(device=dev)
+            row[mode] = {
+                key: (after[key] - before[key]) / calls for key in ("event_queries", "event_records", "copies")
+            }
+            row[mode]["covered"] = done is None or not done.query()
+            torch.cuda.synchronize()
+        out.append(row)
+    return out
+
+
 def run_gpu(settings, report, quick):
     dev = torch.device("cuda", torch.cuda.current_device())
     busy = GpuBusy()
@@ -413,6 +440,7 @@ def run_gpu(settings, report, quick):
             methods = measure_methods(fetch_methods(t), settings, busy, max_calls)
             sections["fetch"].append({"dtype": name, "size": size, "methods": methods})
             print("  fetch %-7s %6d: pinstage %s" % (name, size, cell_text(methods["fetch_to_host"])), file=sys.stderr)
+    report["driver_calls"] = driver_calls(dev, busy)
     report["pinstage_stats"] = pinstage.stats(device=dev)
 
 
@@ -427,6 +455,7 @@ def print_gpu(report):
         "pinstage",
         "stage_into",
         "pinned / pinstage",
+        "pinstage / floor idle, busy",
         "pinstage busy / idle",
     ]
     for dtype in LIST_DTYPES:
@@ -440,11 +469,25 @@ def print_gpu(report):
                 + [cell_text(m[k]) for k in ("blocking", "pinned", "reused_buffer", "floor", "pinstage", "stage_into")]
                 + [
                     _report.fmt_ratio(ratio(median(m["pinned"]), median(m["pinstage"]))),
+                    "%s, %s"
+                    % tuple(
+                        _report.fmt_ratio(ratio(median(m["pinstage"], mode), median(m["floor"], mode)))
+                        for mode in ("idle", "busy")
+                    ),
                     _report.fmt_ratio(ratio(median(m["pinstage"], "busy"), median(m["pinstage"]))),
                 ]
             )
         _report.print_table(rows)
     print_legend(["blocking", "pinned", "reused_buffer", "floor", "pinstage", "stage_into"])
+    print()
+    print("Driver calls per staging of an int64 list besides its cudaMemcpyAsync (pinstage.stats()), GPU idle / busy")
+    rows = [["size", "cudaEventQuery", "cudaEventRecord"]]
+    for row in report.get("driver_calls", []):
+        rows.append(
+            [row["size"]]
+            + ["%.3f / %.3f" % (row["idle"][key], row["busy"][key]) for key in ("event_queries", "event_records")]
+        )
+    _report.print_table(rows)
 
     many = sections["many_lists"]["methods"]
     print()
@@ -527,6 +570,19 @@ def gpu_checks(report):
                 None if r is None else r >= need,
             )
         )
+    for size, need in PINSTAGE_OVER_FLOOR.items():
+        cell = next((c for c in sections["lists"] if c["dtype"] == "int64" and c["size"] == size), None)
+        for mode in ("idle", "busy"):
+            m = None if cell is None else cell["methods"]
+            r = None if m is None else ratio(median(m["pinstage"], mode), median(m["floor"], mode))
+            out.append(
+                _report.check(
+                    "list of %d int64: pinstage / floor host time, GPU %s" % (size, mode),
+                    r,
+                    "<= %g" % need,
+                    None if r is None else r <= need,
+                )
+            )
     many = sections["many_lists"]["methods"]
     r = ratio(median(many["pinned"]), median(many["stage_many"]))
     out.append(

@@ -159,6 +159,8 @@ class Stats(TypedDict):
     waits: int  # waits under on_full="wait"
     wraps: int  # times the ring's allocation went back to its start
     events_created: int  # CUDA events made (none in steady state)
+    event_records: int  # cudaEventRecord calls (one per 32 regions or fewer)
+    event_queries: int  # cudaEventQuery calls (one per fence seen done)
     overflow_reserved_bytes: int  # pinned overflow blocks kept now
     overflow_peak_reserved_bytes: int  # ... at most
     overflow_in_flight_bytes: int  # ... in use by copies

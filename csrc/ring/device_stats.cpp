@@ -28,6 +28,8 @@ DeviceStats device_stats(c10::Device device) {
   out.pending_regions = s.pending_regions;
   out.overflows = s.overflows, out.waits = s.waits, out.wraps = s.wraps;
   out.events_created = s.events_created + f.events_created;
+  out.event_records = s.event_records + f.event_records;
+  out.event_queries = s.event_queries + f.event_queries;
   out.overflow_reserved_bytes = s.overflow_reserved_bytes + f.overflow_reserved_bytes;
   out.overflow_peak_reserved_bytes = s.overflow_peak_reserved_bytes + f.overflow_peak_reserved_bytes;
   out.overflow_in_flight_bytes = s.overflow_in_flight_bytes;

@@ -258,6 +258,8 @@ StagingRing::Snapshot StagingRing::snapshot() {
   s.waits = waits_;
   s.wraps = ring.wraps() + wraps_retired_;
   s.events_created = events_.created();
+  s.event_records = fences_.records();
+  s.event_queries = fences_.queries();
   s.overflow_reserved_bytes = overflow_.reserved_bytes();
   s.overflow_peak_reserved_bytes = overflow_.peak_reserved_bytes();
   s.overflow_in_flight_bytes = overflow_.in_flight_bytes();

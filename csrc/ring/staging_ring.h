@@ -124,7 +124,7 @@ class StagingRing {
   struct Snapshot {
     size_t ring_bytes, in_flight_bytes, peak_in_flight_bytes, pending_regions;
     bool allocated;
-    uint64_t overflows, waits, wraps, events_created;
+    uint64_t overflows, waits, wraps, events_created, event_records, event_queries;
     size_t overflow_reserved_bytes, overflow_peak_reserved_bytes, overflow_in_flight_bytes;
   };
   Snapshot snapshot();
