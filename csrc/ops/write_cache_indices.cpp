@@ -113,25 +113,26 @@ std::pair<uintptr_t, uintptr_t> byte_range(const at::Tensor& t) {
   return {begin, begin + (last + 1) * t.itemsize()};
 }
 
-// Whether two tensors may share memory: torch's test (exact for dense tensors of one storage), and
-// where it cannot tell (a strided req_to_token) or compares two storages over the same memory
-// (views of one numpy buffer through from_numpy, which torch calls "No"), whether their address
-// ranges meet.
+// Whether two tensors may share memory. Apart in the address space, they cannot (the common case,
+// answered without torch's test: the op asks once per request). Otherwise torch's test decides
+// (exact for dense tensors of one storage); where it cannot tell (a strided req_to_token) or
+// compares two storages over the same memory (views of one numpy buffer through from_numpy, which
+// torch calls "No"), meeting address ranges count as sharing.
 bool may_overlap(const at::Tensor& a, const at::Tensor& b) {
+  if (a.device() != b.device() || a.numel() == 0 || b.numel() == 0) return false;
+  const auto [a_begin, a_end] = byte_range(a);
+  const auto [b_begin, b_end] = byte_range(b);
+  if (a_begin >= b_end || b_begin >= a_end) return false;
   switch (at::get_overlap_status(a, b)) {
     case at::MemOverlapStatus::Full:
     case at::MemOverlapStatus::Partial:
       return true;
     case at::MemOverlapStatus::No:
-      if (a.storage().is_alias_of(b.storage())) return false;
-      break;
+      return !a.storage().is_alias_of(b.storage());
     case at::MemOverlapStatus::TooHard:
       break;
   }
-  if (a.device() != b.device() || a.numel() == 0 || b.numel() == 0) return false;
-  const auto [a_begin, a_end] = byte_range(a);
-  const auto [b_begin, b_end] = byte_range(b);
-  return a_begin < b_end && b_begin < a_end;
+  return true;
 }
 
 // req_to_token is the op's output: its rows must not share memory with each other (a stride-0
