@@ -3,11 +3,14 @@
 # stage has a time box, so that a short lease still brings back what finished. Logs, JSON and plots
 # go to $OUT.
 # Usage: OUT=/some/dir bash bench/gpu_round.sh [tests] [collect] [sanitizer] [bench] [engines] [decode] [stress] [quick] [pack]
+#   or any one benchmark by name (microbench, static_inputs, overflow_blocks, builders, vllm_host,
+#   sglang_host, sglang_loop, vllm_loop, row_writes)
 #   (no stage named: tests bench engines decode pack; "quick" shortens the benchmarks; "pack"
 #   leaves one round.tgz in $OUT, as a lease may bring back only a few files)
 #   tests: exactly the README's test command (bash scripts/test.sh), whole, detached; its summary line goes to
 #   $OUT/tests.txt. Engine code (SGLang, vLLM) is read from .engines/ (carry it: nothing downloads there).
-#   TESTS_SECONDS, BENCH_SECONDS (each benchmark), DECODE_SECONDS: the time boxes;
+#   TESTS_SECONDS, BENCH_SECONDS (each benchmark), LOOP_SECONDS (each engine loop), DECODE_SECONDS,
+#   SANITIZER_SECONDS (each tool of SANITIZER_TOOLS, default "memcheck synccheck"): the time boxes;
 #   DECODE_ARGS: the decode loop's arguments (default "--steps 300 --repeats 3", about 5 minutes);
 #   MICROBENCH_ARGS: more microbenchmark arguments (e.g. "--repeats 9").
 set -uo pipefail
@@ -80,7 +83,7 @@ if has tests || has collect; then
 fi
 if has sanitizer; then
   stamp "compute-sanitizer memcheck and synccheck"
-  for tool in memcheck synccheck; do
+  for tool in ${SANITIZER_TOOLS:-memcheck synccheck}; do
     timeout "${SANITIZER_SECONDS:-150}" compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
       python3 -m pytest -q -p no:cacheprovider tests/test_cuda_stage.py tests/test_fetch.py tests/test_builders_cache.py \
       -k "race_with_overflow or wraps_around or full_ring or stage_into_checks or stage_many_is_one or failed_calls or kernel_matches or held_handle or released_unready" \
@@ -91,27 +94,46 @@ if has sanitizer; then
 fi
 
 b="${BENCH_SECONDS:-120}"
-if has bench; then
+# "bench" names the four host benchmarks below, "engines" the five that run engine code.
+has bench && stages="$stages microbench static_inputs overflow_blocks builders"
+has engines && stages="$stages vllm_host sglang_host sglang_loop vllm_loop row_writes"
+if has microbench; then
   stamp "microbenchmark"
   boxed microbench "$b" python3 bench/microbench.py $quick ${MICROBENCH_ARGS:-} --json "$OUT/microbench.json"
-  sed -n '/^Checks/,$p' "$OUT/microbench.log"
+  sed -n '/^Driver calls/,/^$/p;/^Checks/,$p' "$OUT/microbench.log"
+fi
+if has static_inputs; then
   stamp "StaticInputs"
   boxed static_inputs "$b" python3 bench/static_inputs.py $quick --json "$OUT/static_inputs.json"
   tail -n 25 "$OUT/static_inputs.log"
+fi
+if has overflow_blocks; then
   stamp "overflow blocks"
   boxed overflow_blocks "$b" python3 bench/overflow_blocks.py $( [ -n "$quick" ] && echo "--repeats 7") --json "$OUT/overflow_blocks.json"
   tail -n 12 "$OUT/overflow_blocks.log"
+fi
+if has builders; then
   stamp "builders"
   boxed builders "$b" python3 bench/builders.py $( [ -n "$quick" ] && echo "--repeats 5 --sample-ms 2") --json "$OUT/builders.json"
   cat "$OUT/builders.log"
 fi
-if has engines; then
-  stamp "inside vLLM and SGLang"
+if has vllm_host; then
+  stamp "vLLM's staging helpers"
   boxed vllm_host "$b" python3 bench/vllm_host.py --json "$OUT/vllm_host.json"
   tail -n 20 "$OUT/vllm_host.log"
+fi
+if has sglang_host; then
+  stamp "SGLang's replaced functions"
   boxed sglang_host "$b" python3 bench/sglang_host.py --json "$OUT/sglang_host.json" --plot "$OUT/sglang_host.png"
   tail -n 30 "$OUT/sglang_host.log"
 fi
+for loop in sglang_loop vllm_loop row_writes; do
+  if has "$loop" && [ -f "bench/$loop.py" ]; then
+    stamp "$loop"
+    boxed "$loop" "${LOOP_SECONDS:-240}" python3 "bench/$loop.py" $quick --out "$OUT"
+    tail -n 30 "$OUT/$loop.log"
+  fi
+done
 if has decode; then
   stamp "decode loop"
   boxed decode_loop "${DECODE_SECONDS:-420}" python3 bench/decode_loop.py $quick ${DECODE_ARGS:---steps 300 --repeats 3} \
