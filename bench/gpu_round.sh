@@ -103,7 +103,9 @@ fi
 if has engines; then
   stamp "inside vLLM and SGLang"
   boxed vllm_host "$b" python3 bench/vllm_host.py --json "$OUT/vllm_host.json"
-  tail -n 20 "$OUT/vllm_host.log"
+  tail -n 40 "$OUT/vllm_host.log"
+  boxed vllm_loop "${VLLM_LOOP_SECONDS:-240}" python3 bench/vllm_loop.py $quick --out "$OUT"
+  tail -n 30 "$OUT/vllm_loop.log"
   boxed sglang_host "$b" python3 bench/sglang_host.py --json "$OUT/sglang_host.json" --plot "$OUT/sglang_host.png"
   tail -n 30 "$OUT/sglang_host.log"
 fi
