@@ -2,7 +2,8 @@
 """Host time per call of vLLM 0.33's staging helpers, as released and through pinstage's vLLM plugin,
 in one process on the same data:
   async_tensor_h2d of a list, of a numpy array, and into out=;
-  UvaBufferPool.copy_to_uva / copy_to_gpu, UvaBackedTensor.copy_to_uva, CpuGpuBuffer.copy_to_gpu.
+  UvaBufferPool.copy_to_uva / copy_to_gpu, UvaBackedTensor.copy_to_uva (its host array as the pool
+  staged it last time, as in most steps, and with a value changed), CpuGpuBuffer.copy_to_gpu.
 
     python bench/vllm_host.py [--json out.json] [--sizes 16,256,1024,4096] [--repeats 15]
 
@@ -19,6 +20,7 @@ say nothing about staging.
 """
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -46,6 +48,7 @@ REPLACED = {
     "UvaBufferPool.copy_to_uva(list)": "UvaBufferPool.copy_to_uva",
     "UvaBufferPool.copy_to_uva(numpy)": "UvaBufferPool.copy_to_uva",
     "UvaBackedTensor.copy_to_uva(n)": "UvaBufferPool.copy_to_uva",
+    "UvaBackedTensor.copy_to_uva(n), a value changed": "UvaBufferPool.copy_to_uva",
     "UvaBufferPool.copy_to_gpu(numpy)": "UvaBufferPool.copy_to_gpu",
     "CpuGpuBuffer.copy_to_gpu(n)": "CpuGpuBuffer.copy_to_gpu",
 }
@@ -118,6 +121,20 @@ def helper_calls(vllm, fns, n, device):
         return lambda: tensor.copy_to_uva(n)
 
     cases["UvaBackedTensor.copy_to_uva(n)"] = per_variant(backed)
+
+    def backed_changed(f):
+        # the step after a request joined: one row differs from what the pool staged last time
+        tensor = vllm.buffer_utils.UvaBackedTensor(4 * n, torch.int32)
+        tensor.pool.copy_to_uva = types.MethodType(f["pool_to_uva"], tensor.pool)
+        flips = itertools.cycle((1, 2))
+
+        def call():
+            tensor.np[n - 1] = next(flips)
+            return tensor.copy_to_uva(n)
+
+        return call
+
+    cases["UvaBackedTensor.copy_to_uva(n), a value changed"] = per_variant(backed_changed)
 
     def buffer(f):
         gpu_buffer = vllm.v1_utils.CpuGpuBuffer(4 * n, dtype=torch.int32, device=torch.device(device))

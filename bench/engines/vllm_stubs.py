@@ -218,3 +218,16 @@ def load_vllm():
         v1_utils=importlib.import_module("vllm.v1.utils"),
         buffer_utils=importlib.import_module("vllm.v1.worker.gpu.buffer_utils"),
     )
+
+
+if __name__ == "__main__":
+    # python -m bench.engines.vllm_stubs: writes .engines/vllm-<version> (the files listed above, from
+    # the cache or the wheel), the copy to carry to a machine without a package index.
+    import shutil
+
+    from .source import REPO
+
+    dest = REPO / ".engines" / ("vllm-" + VLLM_VERSION)
+    shutil.rmtree(dest, ignore_errors=True)  # else engine_root would offer it as the source
+    shutil.copytree(engine_root("vllm", VLLM_VERSION, VLLM_FILES), dest)
+    print("wrote %s (%d files)" % (dest, sum(1 for p in dest.rglob("*") if p.is_file())))
