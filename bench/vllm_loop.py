@@ -369,7 +369,7 @@ def load(on_gpu):
     return base
 
 
-def table_rows(rows, in_flight):
+def table_rows(rows):
     out = [
         [
             "requests",
@@ -380,6 +380,7 @@ def table_rows(rows, in_flight):
             "admitting (vLLM / pinstage)",
             "wrong values vLLM",
             "wrong values pinstage",
+            "windows all in flight",
         ]
     ]
     for r in rows:
@@ -394,6 +395,7 @@ def table_rows(rows, in_flight):
                 "%s / %s" % (_report.fmt_us(v["admit_step_us"]), _report.fmt_us(p["admit_step_us"])),
                 "%d of %d" % (v["wrong_values"], v["values_checked"]),
                 "%d of %d" % (p["wrong_values"], p["values_checked"]),
+                "%d/%d, %d/%d" % (v["windows_in_flight"], v["windows"], p["windows_in_flight"], p["windows"]),
             ]
         )
     return out
@@ -474,7 +476,7 @@ def main():
             flush=True,
         )
 
-    table = table_rows(rows, args.in_flight)
+    table = table_rows(rows)
     _report.print_table(table)
     print(
         "Host us per step: median [min-max] of %d rounds' means (each round: %d windows of %d steps per mode, "
@@ -528,6 +530,19 @@ def main():
         f.write("| " + " | ".join(map(str, table[0])) + " |\n|" + "---|" * len(table[0]) + "\n")
         for line in table[1:]:
             f.write("| " + " | ".join(map(str, line)) + " |\n")
+        f.write(
+            "\nHost us per step: median [min-max] of %d rounds' means (%d windows of %d steps per mode a round, "
+            "modes alternating; the ratio per round). Wrong values: read by the device and not what the host "
+            "wrote for that step. Windows all in flight (vLLM, pinstage): the device had not read the window's "
+            "first step when the host had prepared its last.\n\n" % (args.rounds, args.windows, args.in_flight)
+        )
+        for c in checks:
+            verdict = {True: "met", False: "MISSED", None: "not measured"}[c["ok"]]
+            m = "%.2f" % c["measured"] if isinstance(c["measured"], float) else c["measured"]
+            f.write(
+                "- [%s] %s: %s (need %s)%s\n"
+                % (verdict, c["check"], m, c["need"], "; " + c["detail"] if c["detail"] else "")
+            )
     print("wrote %s" % os.path.join(args.out, "vllm_loop.md"))
     _report.plot_panels(
         os.path.join(args.out, "vllm_loop.png"),
