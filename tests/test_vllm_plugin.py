@@ -686,8 +686,10 @@ def test_more_steps_in_flight_than_the_pool_depth_serve_no_wrong_values(vllm):
 def test_a_capturing_stream_gets_vllms_own_code(vllm, enabled):
     pool = vllm.buffer_utils.UvaBufferPool(8, torch.int32)
     values = np.arange(8, dtype=np.int32)
+    staged = pool.copy_to_uva(values)  # kept: the same values get these rows again, uncopied
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         rows = pool.copy_to_uva(values)  # pinstage refuses a capturing stream; vLLM's pool does not
     torch.cuda.synchronize()
+    assert rows is not staged  # a graph must not keep rows that a later change lets go
     assert torch.equal(rows.cpu(), torch.from_numpy(values))
