@@ -120,7 +120,7 @@ fi
 if has vllm_host; then
   stamp "vLLM's staging helpers"
   boxed vllm_host "$b" python3 bench/vllm_host.py --json "$OUT/vllm_host.json"
-  tail -n 20 "$OUT/vllm_host.log"
+  tail -n 40 "$OUT/vllm_host.log"
 fi
 if has sglang_host; then
   stamp "SGLang's replaced functions"

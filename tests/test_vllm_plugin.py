@@ -288,6 +288,52 @@ def test_uva_backed_tensor_gives_vllms_rows(vllm, dtype, rng):
         assert_same_tensor(routed, original)
 
 
+def test_uva_backed_tensor_unchanged_gets_its_rows_again_a_change_restages(vllm, enabled):
+    backed = vllm.buffer_utils.UvaBackedTensor(32, torch.float32)
+    backed.np[:] = np.arange(32)
+    first = _settle(backed.copy_to_uva())
+    kept = backed.gpu
+    assert backed.copy_to_uva() is kept  # the same bytes: the rows staged for them, no copy
+    backed.np[3] = -0.0 if backed.np[3] == 0 else 99.0
+    backed.np[0] = -0.0  # equal to 0.0 for numpy, another value for the device
+    changed = _settle(backed.copy_to_uva())
+    assert changed is not kept
+    assert_same_tensor(changed.cpu(), torch.from_numpy(backed.np.copy()))
+    assert torch.signbit(changed[0]).item()
+    assert_same_tensor(kept.cpu(), first.cpu())  # the rows given before keep their values
+    assert backed.copy_to_uva(16).shape == (16,)  # another shape: staged, not the full rows again
+
+
+def test_uva_buffer_pool_copy_to_gpu_gives_rows_of_its_own_every_call(vllm, enabled):
+    pool = vllm.buffer_utils.UvaBufferPool(8, torch.int32)
+    values = np.arange(8, dtype=np.int32)
+    first = pool.copy_to_gpu(values)
+    first.fill_(-1)  # the caller owns what copy_to_gpu gives (vLLM's is a clone)
+    assert_same_tensor(_settle(pool.copy_to_gpu(values)).cpu(), torch.from_numpy(values))
+    assert_same_tensor(_settle(pool.copy_to_uva(values)).cpu(), torch.from_numpy(values))
+
+
+@pytest.mark.cuda
+def test_repeated_values_in_flight_read_right(vllm, enabled):
+    """Steps in flight whose host array repeats, changes and changes back: each step's kernel reads
+    that step's values, also where its rows are the ones an earlier step staged."""
+    backed = vllm.buffer_utils.UvaBackedTensor(4096, torch.int32)
+    a, b = np.arange(4096, dtype=np.int32), np.arange(4096, dtype=np.int32)[::-1].copy()
+    wanted = [a, a, b, b, a, b, a, a]
+    backed.np[:] = a
+    backed.copy_to_uva()
+    torch.cuda.synchronize()
+    busy = gpu_busy.busy(BUSY_MS)
+    reads = []
+    with pinstage.testing.no_sync():
+        for values in wanted:
+            backed.np[:] = values
+            reads.append(backed.copy_to_uva() + 0)
+    gpu_busy.assert_still_busy(busy, "the steps were queued")
+    torch.cuda.synchronize()
+    assert torch.equal(torch.stack(reads).cpu(), torch.from_numpy(np.stack(wanted)))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", H2D_DTYPES, ids=str)
 @pytest.mark.parametrize("size", [(64,), (64, 3)], ids=["1d", "2d"])
@@ -640,8 +686,10 @@ def test_more_steps_in_flight_than_the_pool_depth_serve_no_wrong_values(vllm):
 def test_a_capturing_stream_gets_vllms_own_code(vllm, enabled):
     pool = vllm.buffer_utils.UvaBufferPool(8, torch.int32)
     values = np.arange(8, dtype=np.int32)
+    staged = pool.copy_to_uva(values)  # kept: the same values get these rows again, uncopied
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         rows = pool.copy_to_uva(values)  # pinstage refuses a capturing stream; vLLM's pool does not
     torch.cuda.synchronize()
+    assert rows is not staged  # a graph must not keep rows that a later change lets go
     assert torch.equal(rows.cpu(), torch.from_numpy(values))

@@ -5,7 +5,9 @@ Where it comes from, first match wins:
      (what a GPU machine without a package index gets: copy the folder along);
   2. the cache: $PINSTAGE_ENGINE_CACHE (default ~/.cache/pinstage/engines)/<name>-<version>/;
   3. the wheel from the package index (`pip download --no-deps`), unpacked into the cache.
-Only the wheel's .py files under the given prefixes are unpacked. If none works, engine_root raises
+Only the wheel's .py files under the given prefixes are unpacked. A carried copy or cache that lacks a
+listed file (a prefix ending in .py, added since it was made) is passed over, and the cache unpacked
+afresh. If none works, engine_root raises
 Unavailable with the reason (the tests' conftest turns it into a skip: they never pass without the
 engine's code).
 """
@@ -28,13 +30,27 @@ class Unavailable(RuntimeError):
     """An engine's source is neither carried, cached nor downloadable here; the message says why."""
 
 
-def _carried(folder_name):
+def _missing(folder, prefixes):
+    """The listed files (prefixes ending in .py) that a complete copy in `folder` lacks; all of them
+    where the copy is incomplete or absent."""
+    files = [p for p in prefixes if p.endswith(".py")]
+    if not (folder / _COMPLETE).exists():
+        return files or [_COMPLETE]
+    return [p for p in files if not (folder / p).exists()]
+
+
+def _carried(folder_name, prefixes):
+    """The first carried copy holding every listed file, and the files each other complete one lacks."""
     roots = [pathlib.Path(os.environ["PINSTAGE_ENGINE_SRC"])] if os.environ.get("PINSTAGE_ENGINE_SRC") else []
     roots.append(REPO / ".engines")
+    stale = []
     for root in roots:
+        missing = _missing(root / folder_name, prefixes)
+        if not missing:
+            return root / folder_name, stale
         if (root / folder_name / _COMPLETE).exists():
-            return root / folder_name
-    return None
+            stale.append("%s lacks %s" % (root / folder_name, ", ".join(missing)))
+    return None, stale
 
 
 def _unpack(wheel, dest, prefixes):
@@ -83,7 +99,7 @@ def engine_root(name, version, prefixes):
 
     prefixes: wheel paths to unpack, e.g. ["sglang/srt/"]; a carried copy must hold at least these."""
     folder = "%s-%s" % (name, version)
-    carried = _carried(folder)
+    carried, stale = _carried(folder, prefixes)
     if carried is not None:
         return carried
     cached = CACHE / folder
@@ -91,10 +107,11 @@ def engine_root(name, version, prefixes):
     # pytest-xdist's workers ask at once: one downloads, the others wait here and find the cache.
     with open(CACHE / (folder + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        why = None if (cached / _COMPLETE).exists() else _download(name, version, cached, prefixes)
+        why = None if not _missing(cached, prefixes) else _download(name, version, cached, prefixes)
         if why is not None:
             raise Unavailable(
-                "%s %s's source is not here: no carried copy (.engines/%s or $PINSTAGE_ENGINE_SRC), "
-                "no cache (%s), and %s" % (name, version, folder, cached, why)
+                "%s %s's source is not here: no carried copy (.engines/%s or $PINSTAGE_ENGINE_SRC)%s, "
+                "no cache (%s) that holds the files needed, and %s"
+                % (name, version, folder, "".join(" (%s)" % s for s in stale), cached, why)
             )
     return cached

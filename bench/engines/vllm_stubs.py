@@ -1,9 +1,12 @@
 """vLLM 0.33's staging modules, imported from its released source with its heavy imports stood in.
 
 Only the modules under test run as released (torch_utils, platform_utils, torch_version, envs,
-v1/utils.py, v1/worker/gpu/buffer_utils.py); what they import for other purposes (zmq, uvloop,
-usage stats, the scheduler's output, vLLM's logger and platform detection, its compiled ops) is a
-stand-in here, so that the unpacked subset stays small and imports without vLLM's dependencies.
+v1/utils.py, v1/worker/gpu/buffer_utils.py, and for bench/vllm_loop.py the default model runner's
+per-request state: v1/worker/gpu/states.py, block_table.py and the sampler's states in sample/);
+what they import for other purposes (zmq, uvloop, usage stats, the scheduler's output, vLLM's logger
+and platform detection, its compiled ops, SamplingParams, the sampling kernels that the states only
+name) is a stand-in here, so that the unpacked subset stays small and imports without vLLM's
+dependencies.
 """
 
 import importlib
@@ -29,6 +32,16 @@ VLLM_FILES = [
     "vllm/v1/worker/__init__.py",
     "vllm/v1/worker/gpu/__init__.py",
     "vllm/v1/worker/gpu/buffer_utils.py",
+    # the default model runner's input-preparation objects (bench/vllm_loop.py)
+    "vllm/utils/math_utils.py",
+    "vllm/v1/worker/gpu/states.py",
+    "vllm/v1/worker/gpu/block_table.py",
+    "vllm/v1/worker/gpu/sample/__init__.py",
+    "vllm/v1/worker/gpu/sample/states.py",
+    "vllm/v1/worker/gpu/sample/penalties.py",
+    "vllm/v1/worker/gpu/sample/logit_bias.py",
+    "vllm/v1/worker/gpu/sample/bad_words.py",
+    "vllm/v1/worker/gpu/sample/logits_processor/interface.py",
 ]
 
 
@@ -128,6 +141,22 @@ def _uva_view(cpu_tensor):
     return view
 
 
+class SamplingParams:
+    """vllm.sampling_params.SamplingParams: the fields the runner's sampling and logits-processor
+    states read, with vLLM's defaults (no penalty, no bias, no bad words, no seed)."""
+
+    def __init__(self, **fields):
+        self.temperature, self.top_p, self.top_k, self.min_p = 1.0, 1.0, 0, 0.0
+        self.seed = self.logprobs = self.logit_bias = self.allowed_token_ids = None
+        self.repetition_penalty, self.frequency_penalty, self.presence_penalty = 1.0, 0.0, 0.0
+        self.min_tokens, self.all_stop_token_ids = 0, set()
+        self.structured_outputs = self.bad_words_token_ids = None
+        for name, value in fields.items():
+            if not hasattr(self, name):
+                raise TypeError("SamplingParams stand-in has no field %r" % name)
+            setattr(self, name, value)
+
+
 def _install_stand_ins(root):
     if "vllm" in sys.modules:
         return
@@ -146,6 +175,15 @@ def _install_stand_ins(root):
     _module("vllm.utils.network_utils", ZmqListener=object, get_open_zmq_ipc_path=None, get_tcp_uri=None)
     _module("vllm.utils.system_utils", decorate_logs=None, kill_process_tree=None, set_process_title=None)
     _module("vllm.v1.core.sched.output", SchedulerOutput=object)
+    # what the runner's state modules import but the loop never calls (sampling and attention code)
+    _module("vllm.sampling_params", SamplingParams=SamplingParams)
+    _module("vllm.v1.attention.backends.utils", PAD_SLOT_ID=-1)
+    _module("vllm.v1.sample.ops.topk_topp_sampler", apply_top_k_top_p=None)
+    gpu = root / "vllm" / "v1" / "worker" / "gpu"
+    _module("vllm.v1.worker.gpu.sample.gumbel", apply_temperature=None)
+    _module("vllm.v1.worker.gpu.sample.min_p", apply_min_p=None)
+    # the package without its __init__, which loads custom-processor plugins; interface.py is real
+    _module("vllm.v1.worker.gpu.sample.logits_processor").__path__ = [str(gpu / "sample" / "logits_processor")]
     for name, stand_in in (("uvloop", {}), ("regex", re.__dict__)):
         try:
             importlib.import_module(name)
@@ -167,7 +205,8 @@ def unload_vllm():
 
 
 def load_vllm():
-    """vLLM 0.33's (torch_utils, v1_utils, buffer_utils) modules; source.Unavailable saying why not."""
+    """vLLM 0.33's (torch_utils, v1_utils, buffer_utils) modules; source.Unavailable saying why not.
+    The runner's state modules (states, block_table, sample.*) import from here on."""
     root = engine_root("vllm", VLLM_VERSION, VLLM_FILES)
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))  # also where importlib.metadata finds vLLM's version
@@ -179,3 +218,16 @@ def load_vllm():
         v1_utils=importlib.import_module("vllm.v1.utils"),
         buffer_utils=importlib.import_module("vllm.v1.worker.gpu.buffer_utils"),
     )
+
+
+if __name__ == "__main__":
+    # python -m bench.engines.vllm_stubs: writes .engines/vllm-<version> (the files listed above, from
+    # the cache or the wheel), the copy to carry to a machine without a package index.
+    import shutil
+
+    from .source import REPO
+
+    dest = REPO / ".engines" / ("vllm-" + VLLM_VERSION)
+    shutil.rmtree(dest, ignore_errors=True)  # else engine_root would offer it as the source
+    shutil.copytree(engine_root("vllm", VLLM_VERSION, VLLM_FILES), dest)
+    print("wrote %s (%d files)" % (dest, sum(1 for p in dest.rglob("*") if p.is_file())))
