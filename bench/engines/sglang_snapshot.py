@@ -8,6 +8,7 @@ from array import array
 import torch
 
 _OPAQUE = object()
+_SCALARS = {bool, int, float, str, type(None)}
 
 
 class Exact:
@@ -36,6 +37,8 @@ def plain(value):
     if isinstance(value, array):
         return ("array", value.typecode, value.tolist())
     if isinstance(value, (list, tuple)):
+        if all(type(v) in _SCALARS for v in value):  # per-request numbers: already plain
+            return (type(value).__name__, list(value))
         return (type(value).__name__, [plain(v) for v in value])
     if isinstance(value, dict):
         return ("dict", {k: plain(v) for k, v in value.items()})
@@ -55,12 +58,17 @@ def snapshot(batch):
     """Everything SGLang keeps of a batch after a step, as plain data: its fields, its requests'
     progress, its rows of the request-to-token table, its sampling info and penalizer state."""
     out = plain_fields(batch, [f.name for f in dataclasses.fields(batch)])
-    out["reqs"] = [
-        plain_fields(
-            r,
-            ["rid", "prefix_len", "extend_end", "output_ids", "cached_tokens", "already_computed", "logprob_start_len"],
+    out["reqs"] = [  # each request's progress (output_ids copied: the request appends to it)
+        (
+            r.rid,
+            r.prefix_len,
+            r.extend_end,
+            r.output_ids[:],
+            r.cached_tokens,
+            r.already_computed,
+            r.logprob_start_len,
+            r.kv.req_pool_idx,
         )
-        | {"req_pool_idx": r.kv.req_pool_idx}
         for r in batch.reqs
     ]
     rows = batch.req_pool_indices_cpu
