@@ -72,6 +72,7 @@ sys.path.insert(0, HERE)
 import _report  # noqa: E402
 import _timing  # noqa: E402
 
+import pinstage  # noqa: E402
 from bench.engines import sglang_stubs  # noqa: E402
 from bench.engines.sglang_snapshot import plain, snapshot  # noqa: E402
 from bench.engines.sglang_stubs import PREFIXES, VERSION  # noqa: E402
@@ -288,6 +289,7 @@ def variant_context(variant):
 
 def timed_round(sg, device, workload, forward, steps):
     """The untimed first prefill, then `steps` timed steps: the round's figures and final batch."""
+    before = pinstage.stats(device)
     rnd = Round(sg, device, workload, forward)
     rnd.fill()
     host = {"decode": [], "admit": []}
@@ -302,6 +304,7 @@ def timed_round(sg, device, workload, forward, steps):
             dry_steps += bool(dry)
         forward.drain()
         wall_ns = time.perf_counter_ns() - start
+    after = pinstage.stats(device)
     return {
         "tokens": tokens,
         "wall_s": wall_ns / 1e9,
@@ -312,6 +315,8 @@ def timed_round(sg, device, workload, forward, steps):
         "admit_steps": len(host["admit"]),
         "final_batch_size": len(rnd.running.reqs),
         "device_ran_dry_steps": dry_steps if forward.overlap and forward.cuda else None,
+        # the round's staging through pinstage (first prefill included): none where disabled
+        **{"pinstage_" + k: after[k] - before[k] for k in ("calls", "copies", "overflows", "fallbacks")},
     }, rnd.final()
 
 
@@ -364,6 +369,7 @@ def run_config(sg, device, bs, forward_ms, cycles_per_us, args):
             with variant_context(variant):
                 result, final = timed_round(sg, device, workload, forward, args.steps)
             assert final == expected_final, "%s: a timed round's final batch differs from the checked run's" % variant
+            assert (result["pinstage_calls"] > 0) == (variant == "pinstage"), (variant, result["pinstage_calls"])
             rounds[variant].append(result)
     return {
         "batch_size": bs,

@@ -57,6 +57,7 @@ def test_quick_run_compares_every_step_and_writes_its_results(device, tmp_path, 
                 assert (r["decode_steps"], r["admit_steps"]) == (17, 3), (variant, r)
                 assert r["tokens"] >= 17 and r["tokens_per_s"] > 0 and r["decode_host_us"] > 0, (variant, r)
                 assert r["final_batch_size"] >= 1
+                assert (r["pinstage_calls"] > 0) == (variant == "pinstage"), (variant, r)
         # the same work in both variants: the same tokens
         assert len({r["tokens"] for rounds in row["rounds"].values() for r in rounds}) == 1
         assert row["summary"]["decode_host_us"]["ratio"] > 0
