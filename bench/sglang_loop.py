@@ -49,11 +49,13 @@ up both) each configuration runs once per variant, side by side --admit-every st
 everything SGLang keeps of the batch (fields, request table rows, sampling info, penalizer state)
 and the pruned indices captured after every step's launch, the first prefill's included, and
 compared exactly (a difference stops the run); every timed round's final running batch must equal
-that run's. Output: the table and checks printed; sglang_loop.json, .md and .png in --out. GC is
-paused during the timed steps.
+that run's. On CUDA that run's scheduling also runs under torch's sync-debug "warn" mode: where each
+variant synchronised with the device (file:line, count) is reported. Output: the table and checks
+printed; sglang_loop.json, .md and .png in --out. GC is paused during the timed steps.
 """
 
 import argparse
+import collections
 import contextlib
 import os
 import random
@@ -61,6 +63,7 @@ import statistics
 import sys
 import time
 import types
+import warnings
 
 import torch
 
@@ -208,11 +211,25 @@ class Round:
         self.run_step(-1, self.initial)
         self.forward.drain()
 
-    def run_step(self, index, admit, capture=None):
+    def run_step(self, index, admit, capture=None, syncs=None):
         """One scheduler step and its forward; returns (host ns, tokens, whether the device had run
         dry by the end of the scheduling). `capture(batch, pruned)` is called between the forward's
-        launch and the step's tokens."""
-        elapsed, batch, pruned = self.schedule(index, admit)
+        launch and the step's tokens; with `syncs` (a list, CUDA only), the scheduling runs under
+        torch's sync-debug "warn" mode and where it synchronised (file:line) goes there."""
+        if syncs is None:
+            elapsed, batch, pruned = self.schedule(index, admit)
+        else:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    elapsed, batch, pruned = self.schedule(index, admit)
+                finally:
+                    torch.cuda.set_sync_debug_mode(0)
+            where = (
+                "%s:%d" % (os.path.basename(w.filename), w.lineno) for w in caught if "synchroniz" in str(w.message)
+            )
+            syncs.extend(where)
         dry = self.forward.ran_dry()
         self.forward.run()
         if capture is not None:
@@ -324,13 +341,15 @@ def check_identical(sg, device, workload, forward, steps, chunk):
     """Runs the workload once per variant, side by side `chunk` steps at a time (the variant
     switched between chunks), and compares what every step, the first prefill included, hands the
     forward: everything SGLang keeps of the batch and the pruned indices. Raises AssertionError at
-    the first difference; returns (steps compared, of which with pruned indices, the final batch)."""
+    the first difference. Returns (steps compared, of which with pruned indices, the final batch,
+    {variant: {file:line: synchronising calls its scheduling made there} (CUDA; else None)})."""
     rounds = {}
     for variant in VARIANTS:
         with variant_context(variant):
             rounds[variant] = Round(sg, device, workload, forward)
     chunks = [range(-1, 0)] + [range(first, min(steps, first + chunk)) for first in range(0, steps, chunk)]
     compared = pruned = 0
+    syncs = {variant: [] if device == "cuda" else None for variant in VARIANTS}
     for indices in chunks:
         seen = {}
         for variant, rnd in rounds.items():
@@ -345,6 +364,7 @@ def check_identical(sg, device, workload, forward, steps, chunk):
                         lambda batch, pruned, index=index: keep(
                             (index, snapshot(batch), [plain(x) for x in pruned] if pruned else None)
                         ),
+                        syncs[variant],
                     )
                 forward.drain()
         for (index, want, want_pruned), (_, got, got_pruned) in zip(seen["sglang"], seen["pinstage"]):
@@ -355,14 +375,21 @@ def check_identical(sg, device, workload, forward, steps, chunk):
             pruned += want_pruned is not None
     finals = {variant: rnd.final() for variant, rnd in rounds.items()}
     assert compared == steps + 1 and finals["sglang"] == finals["pinstage"], "the final running batches differ"
-    return compared, pruned, finals["sglang"]
+    return (
+        compared,
+        pruned,
+        finals["sglang"],
+        {v: None if m is None else dict(collections.Counter(m)) for v, m in syncs.items()},
+    )
 
 
 def run_config(sg, device, bs, forward_ms, cycles_per_us, args):
     vocab = VOCAB if device == "cuda" else CPU_VOCAB
     workload = Workload(bs, args.steps, args.admit_every, vocab, seed=bs)
     forward = Forward(device, forward_ms, cycles_per_us, overlap=not args.sync)
-    compared, pruned, expected_final = check_identical(sg, device, workload, forward, args.steps, args.admit_every)
+    compared, pruned, expected_final, syncs = check_identical(
+        sg, device, workload, forward, args.steps, args.admit_every
+    )
     rounds = {v: [] for v in VARIANTS}
     for r in range(args.repeats):
         for variant in list(VARIANTS) if r % 2 == 0 else list(reversed(VARIANTS)):
@@ -376,6 +403,7 @@ def run_config(sg, device, bs, forward_ms, cycles_per_us, args):
         "forward_ms": forward_ms,
         "steps_compared": compared,
         "steps_compared_with_pruned_indices": pruned,
+        "synchronising_calls_in_scheduling": syncs,  # over the checked run: the host waited for the device
         "rounds": rounds,
     }
 
@@ -410,6 +438,18 @@ def fmt_ratio(entry):
     if entry["ratio"] is None:
         return "-"
     return "%.2fx [%.2f-%.2f]" % (entry["ratio"], entry["ratio_min"], entry["ratio_max"])
+
+
+def sync_text(row):
+    """The checked run's synchronising calls in the scheduling, per variant, or None (CPU)."""
+    syncs = row["synchronising_calls_in_scheduling"]
+    if syncs["sglang"] is None:
+        return None
+    parts = []
+    for variant, sites in syncs.items():
+        top = ", ".join("%s x%d" % kv for kv in sorted(sites.items(), key=lambda kv: -kv[1])[:4])
+        parts.append("%s %d%s" % (variant, sum(sites.values()), " (%s)" % top if top else ""))
+    return "; ".join(parts)
 
 
 def table_rows(rows):
@@ -467,6 +507,15 @@ def markdown(rows, meta, settings, checks):
     for line in table[1:]:
         lines.append("| " + " | ".join(str(c) for c in line) + " |")
     lines.append("")
+    syncs = [(row, sync_text(row)) for row in rows]
+    if any(text for _, text in syncs):
+        lines.append(
+            "Synchronising calls in the scheduling over the checked run (torch sync-debug; file:line x count):"
+        )
+        lines.append("")
+        for row, text in syncs:
+            lines.append("- bs %d, forward %g ms: %s" % (row["batch_size"], row["forward_ms"], text))
+        lines.append("")
     for c in checks:
         verdict = {True: "met", False: "MISSED", None: "not measured"}[c["ok"]]
         lines.append(
@@ -659,6 +708,8 @@ def run(args, configs, sg, device):
             ),
             file=sys.stderr,
         )
+        if sync_text(row):
+            print("    synchronising calls in the scheduling: %s" % sync_text(row), file=sys.stderr)
     settings["seconds"] = round(time.perf_counter() - began, 1)
     print()
     _report.print_table(table_rows(rows))
