@@ -10,17 +10,16 @@ value, dtype, shape and device.
 """
 
 import dataclasses
-import enum
 import functools
 import random
 import subprocess
 import sys
-from array import array
 
 import pytest
 import torch
 
 import pinstage
+from bench.engines.sglang_snapshot import plain, plain_fields, snapshot
 from bench.engines.sglang_stubs import PREFIXES, VERSION
 from bench.engines.source import REPO, engine_root
 from pinstage.integrations import sglang as pinstage_sglang
@@ -60,70 +59,6 @@ def _disabled_after():
 
 
 # ------------------------------------------------------------------------------------ snapshots
-
-_OPAQUE = object()
-
-
-class Exact:
-    """A tensor captured for exact comparison: device, dtype, shape and every value."""
-
-    def __init__(self, tensor):
-        self.meta = (str(tensor.device), tensor.dtype, tuple(tensor.shape), tensor.is_pinned())
-        self.values = tensor.detach().cpu().clone()
-
-    def __eq__(self, other):
-        return isinstance(other, Exact) and self.meta == other.meta and torch.equal(self.values, other.values)
-
-    def __repr__(self):
-        return f"Exact{self.meta}({self.values.flatten()[:16].tolist()}...)"
-
-
-def plain(value):
-    """A value as data that == compares exactly: a tensor becomes an Exact; objects that are not
-    data (pools, caches, requests) become _OPAQUE."""
-    if isinstance(value, torch.Tensor):
-        return Exact(value)
-    if isinstance(value, (bool, int, float, str, type(None), enum.Enum)):
-        return value
-    if isinstance(value, array):
-        return ("array", value.typecode, value.tolist())
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, [plain(v) for v in value])
-    if isinstance(value, dict):
-        return ("dict", {k: plain(v) for k, v in value.items()})
-    return _OPAQUE
-
-
-def plain_fields(obj, names):
-    out = {}
-    for name in names:
-        value = plain(getattr(obj, name, None))
-        if value is not _OPAQUE:
-            out[name] = value
-    return out
-
-
-def snapshot(batch):
-    """Everything SGLang keeps of a batch after a step, as plain data."""
-    out = plain_fields(batch, [f.name for f in dataclasses.fields(batch)])
-    out["reqs"] = [
-        plain_fields(
-            r,
-            ["rid", "prefix_len", "extend_end", "output_ids", "cached_tokens", "already_computed", "logprob_start_len"],
-        )
-        | {"req_pool_idx": r.kv.req_pool_idx}
-        for r in batch.reqs
-    ]
-    rows = batch.req_pool_indices_cpu
-    out["req_to_token"] = plain(batch.req_to_token_pool.req_to_token[rows]) if rows is not None else None
-    info = batch.sampling_info
-    if info is not None:
-        out["sampling_info"] = plain_fields(info, [f.name for f in dataclasses.fields(info)])
-        orchestrator = info.penalizer_orchestrator
-        out["penalizers"] = {"is_required": orchestrator.is_required} | {
-            type(p).__name__: plain_fields(p, sorted(vars(p))) for p in orchestrator.penalizers.values()
-        }
-    return out
 
 
 def pruned_indices(sg, batch, hidden):

@@ -229,7 +229,7 @@ def import_sglang(root):
     with installed(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platform notices about quantization kernels
         from sglang.srt.layers import logits_processor
-        from sglang.srt.managers import schedule_batch
+        from sglang.srt.managers import overlap_utils, schedule_batch
         from sglang.srt.mem_cache import allocation, base_prefix_cache, memory_pool, radix_cache
         from sglang.srt.mem_cache.allocator import token
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -246,6 +246,7 @@ def import_sglang(root):
         sampling_batch_info=sampling_batch_info,
         allocation=allocation,
         logits_processor=logits_processor,
+        overlap_utils=overlap_utils,
         ScheduleBatch=schedule_batch.ScheduleBatch,
         Req=schedule_batch.Req,
         SamplingParams=sampling_params.SamplingParams,
