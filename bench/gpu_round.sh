@@ -81,8 +81,10 @@ if has tests || has collect; then
     echo "tests: still running after the time box; run this script's \"collect\" stage in the next call"
   fi
 fi
-if has sanitizer; then
-  stamp "compute-sanitizer memcheck and synccheck"
+if has sanitizer && [ -f "$log" ] && ! grep -q "^test command exit:" "$log"; then
+  echo "sanitizer: skipped, the test command is still running (it would share the GPU)"
+elif has sanitizer; then
+  stamp "compute-sanitizer: ${SANITIZER_TOOLS:-memcheck synccheck}"
   for tool in ${SANITIZER_TOOLS:-memcheck synccheck}; do
     timeout "${SANITIZER_SECONDS:-150}" compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
       python3 -m pytest -q -p no:cacheprovider tests/test_cuda_stage.py tests/test_fetch.py tests/test_builders_cache.py \
