@@ -104,6 +104,8 @@ if has engines; then
   stamp "inside vLLM and SGLang"
   boxed vllm_host "$b" python3 bench/vllm_host.py --json "$OUT/vllm_host.json"
   tail -n 20 "$OUT/vllm_host.log"
+  boxed row_writes "$b" python3 bench/row_writes.py $quick --out "$OUT"
+  tail -n 30 "$OUT/row_writes.log"
   boxed sglang_host "$b" python3 bench/sglang_host.py --json "$OUT/sglang_host.json" --plot "$OUT/sglang_host.png"
   tail -n 30 "$OUT/sglang_host.log"
 fi
