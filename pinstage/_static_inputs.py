@@ -61,7 +61,7 @@ class StaticInputs:
     One StaticInputs is one set of graph inputs: stage it from one thread at a time.
     """
 
-    __slots__ = ("_core", "_views", "_names", "_max_bs", "__weakref__")
+    __slots__ = ("_core", "_views", "_names", "_staged_names", "_max_bs", "__weakref__")
 
     def __init__(self, fields: Mapping[str, Field], max_bs: int, device: Device = None):
         if not isinstance(fields, Mapping):
@@ -75,6 +75,7 @@ class StaticInputs:
         self._core = _C.StaticInputs(specs, self._max_bs, device)
         self._views: Dict[str, torch.Tensor] = dict(zip(fields, self._core.views()))
         self._names = tuple(self._views)
+        self._staged_names = tuple(name for name in self._names if not fields[name].persistent)
 
     def stage(self, values: Dict[str, Any], n: int, stream: Optional[torch.cuda.Stream] = None) -> None:
         """Writes every field's n rows of values and the fill into rows n..max_bs, by ONE copy on
@@ -117,6 +118,11 @@ class StaticInputs:
     @property
     def names(self) -> Tuple[str, ...]:
         return self._names
+
+    @property
+    def staged_names(self) -> Tuple[str, ...]:
+        """The fields stage() takes values for: every field but the persistent ones."""
+        return self._staged_names
 
     @property
     def max_bs(self) -> int:

@@ -429,3 +429,29 @@ def test_writes_on_a_side_stream_are_seen_by_that_stream(cuda_ring):
     side.synchronize()
     assert torch.equal(seen.cpu(), ref.tensors["block_table"])
     assert_views(inputs, ref.tensors, "a stage with writes on a side stream")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batch_state_stages_around_a_persistent_block_table(device):
+    """BatchState.stage_static gives values for the staged fields only (staged_names); the block
+    table keeps its rows and takes the pending writes in the same stage."""
+    from pinstage.builders import BatchState, Request, SamplingParams, batch_static_inputs
+
+    extra = {"positions": Field(torch.int64), "block_table": Field(torch.int32, (6,), fill=-1, persistent=True)}
+    inputs = batch_static_inputs(4, extra, device=device)
+    assert "block_table" in inputs.names and "block_table" not in inputs.staged_names
+    state = BatchState()
+    for i in range(3):
+        state.add(Request(origin_input_ids=[1, 2, i], req_pool_idx=i, sampling_params=SamplingParams()))
+    inputs.write_rows("block_table", [0, 2], [0, 1], [[10, 11], [20]])
+    state.stage_static(inputs, {"positions": [3, 3, 3]})
+    inputs.write_rows("block_table", [2], [2], [[21, 22]])
+    state.stage_static(inputs, {"positions": [4, 4, 4]})
+    sync(device)
+    assert inputs["positions"].tolist() == [4, 4, 4, 0]
+    assert inputs["block_table"].tolist() == [
+        [10, 11, -1, -1, -1, -1],
+        [-1] * 6,
+        [-1, 20, 21, 22, -1, -1],
+        [-1] * 6,
+    ]
