@@ -128,6 +128,43 @@ def test_row_writes_match_torch_indexing(device, form):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_every_element_size_and_alignment(device):
+    """Persistent fields of 1-, 2-, 4- and 8-byte elements, written at odd starts and lengths (the
+    kernel copies each write with the widest unit its addresses and length allow)."""
+    fields = {
+        "flags": Field(torch.bool, (33,), fill=True, persistent=True),
+        "bytes": Field(torch.uint8, (37,), fill=3, persistent=True),
+        "half": Field(torch.bfloat16, (5,), fill=-2.5, persistent=True),
+        "ids": Field(torch.int64, (9,), fill=-7, persistent=True),
+        "probs": Field(torch.float64, (2, 3), fill=0.5, persistent=True),
+    }
+    inputs, ref = make(device, max_bs=8, fields=fields)
+    rng = seeded_rng("element-sizes")
+    for step in range(6):
+        for name, f in fields.items():
+            numel = int(np.prod(f.shape, dtype=np.int64))
+            rows, starts, values = [], [], []
+            for _ in range(rng.randint(1, 6)):
+                length = rng.randint(0, numel)
+                start = rng.randint(0, numel - length)
+                if f.dtype == torch.bool:
+                    v = [rng.random() < 0.5 for _ in range(length)]
+                elif f.dtype.is_floating_point:
+                    v = [rng.choice([0.25, -1.5, 3.0]) for _ in range(length)]
+                else:
+                    v = [rng.randrange(256) for _ in range(length)]
+                rows.append(rng.randrange(8))
+                starts.append(start)
+                values.append(v)
+            inputs.write_rows(name, rows, starts, values)
+            ref.write_rows(name, rows, starts, values)
+        inputs.stage({}, rng.randint(0, 8))
+        ref.stage({}, 0)
+        sync(device)
+        assert_views(inputs, ref.tensors, "step %d" % step)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_rows_win_over_the_steps_values_and_later_writes_win(device):
     """A staged field takes its n rows of values and then the row writes over them; of two writes
     to the same elements the later call's lands; the stage after next rewrites the field whole."""
