@@ -165,6 +165,27 @@ def test_every_element_size_and_alignment(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("longest", [16, 200])
+def test_writes_into_distinct_rows_short_and_long(device, longest):
+    """One write per row, as a block table's step is: on CUDA writes of up to 112 bytes travel as
+    one record each, longer ones as a table of writes and their values."""
+    fields = {"block_table": Field(torch.int32, (512,), fill=-1, persistent=True)}
+    inputs, ref = make(device, max_bs=64, fields=fields)
+    rng = seeded_rng("distinct", longest)
+    for step in range(4):
+        rows = rng.sample(range(64), rng.choice([1, 8, 64]))
+        lengths = [rng.randint(1, longest) for _ in rows]
+        starts = [rng.randint(0, 512 - n) for n in lengths]
+        values = [[rng.randrange(1 << 30) for _ in range(n)] for n in lengths]
+        inputs.write_rows("block_table", rows, starts, values)
+        ref.write_rows("block_table", rows, starts, values)
+        inputs.stage({}, 0)
+        ref.stage({}, 0)
+        sync(device)
+        assert_views(inputs, ref.tensors, "step %d" % step)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_rows_win_over_the_steps_values_and_later_writes_win(device):
     """A staged field takes its n rows of values and then the row writes over them; of two writes
     to the same elements the later call's lands; the stage after next rewrites the field whole."""

@@ -3,6 +3,7 @@
 // reads host memory in place), so the step's copy stays one and the region is sealed behind it.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace pinstage {
@@ -14,10 +15,23 @@ struct RowWriteOp {
   uint64_t nbytes;
 };
 
-// Writes that may overlap (the same row of the same field) form one group, applied in order by one
-// block; groups touch disjoint bytes. group_starts is null when every group is one write.
+// A short write and its values in one 128-byte record: a block reads it with one load per thread,
+// one trip over the bus instead of two (the op, then its values). A block table's step is of these.
+constexpr size_t kRecordBytes = 128;
+constexpr size_t kRecordValues = kRecordBytes - 16;
+struct alignas(16) RowWriteRecord {
+  uint64_t dst;
+  uint64_t nbytes;
+  uint8_t values[kRecordValues];
+};
+static_assert(sizeof(RowWriteRecord) == kRecordBytes, "a record is 128 bytes");
+
+// Either records (one write per block, in no particular order: they touch disjoint bytes), or ops:
+// writes that may overlap (the same row of the same field) form one group, applied in order by one
+// block; groups touch disjoint bytes; group_starts is null when every group is one write.
 struct RowWriteParams {
   uint8_t* allocation;
+  const RowWriteRecord* records;
   const RowWriteOp* ops;
   const uint32_t* group_starts;  // [groups + 1]
   const uint8_t* contents;

@@ -32,6 +32,15 @@ __device__ void copy_bytes(uint8_t* dst, const uint8_t* src, uint64_t nbytes) {
 }
 
 __global__ void row_writes_kernel(const RowWriteParams p) {
+  if (p.records != nullptr) {
+    constexpr unsigned kLoads = kRecordBytes / sizeof(uint4);
+    __shared__ uint4 record[kLoads];
+    if (threadIdx.x < kLoads) record[threadIdx.x] = reinterpret_cast<const uint4*>(p.records + blockIdx.x)[threadIdx.x];
+    __syncthreads();
+    const auto* r = reinterpret_cast<const RowWriteRecord*>(record);
+    copy_bytes(p.allocation + r->dst, r->values, r->nbytes);
+    return;
+  }
   const uint32_t group = blockIdx.x;
   const uint32_t first = p.group_starts != nullptr ? p.group_starts[group] : group;
   const uint32_t end = p.group_starts != nullptr ? p.group_starts[group + 1] : group + 1;

@@ -17,7 +17,6 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "copy/ring_copy.h"
-#include "tensor/row_writes.h"
 #endif
 
 namespace pinstage {
@@ -402,8 +401,8 @@ void StaticInputs::write_rows(PyObject* name, PyObject* rows_arg_, PyObject* sta
 }
 
 #ifdef PINSTAGE_WITH_CUDA
-// Packed writes: [RowWriteOp per write, grouped by (field, row) in call order][group starts, when a
-// group has several writes][the writes' values as pending_bytes_ holds them].
+// Packed writes: records (every group one write of at most kRecordValues bytes), else
+// [RowWriteOp per write, in plan order][group starts][the writes' values as pending_bytes_ holds them].
 namespace {
 
 size_t contents_at(size_t writes) {
@@ -412,39 +411,66 @@ size_t contents_at(size_t writes) {
 
 }  // namespace
 
-size_t StaticInputs::packed_bytes() const { return contents_at(persistent_writes_) + pending_bytes_.size(); }
-
-uint32_t StaticInputs::pack_writes(uint8_t* packed) const {
+StaticInputs::WritePlan StaticInputs::plan_writes() const {
   // One block per group, and a grid has at most 2**31 - 1 of them.
   TORCH_CHECK(persistent_writes_ < (size_t{1} << 31), kStage, ": ", persistent_writes_,
               " row writes in one stage; at most 2**31 - 1 are applied at once");
-  std::vector<uint32_t> order;
-  order.reserve(persistent_writes_);
+  WritePlan plan;
+  plan.order.reserve(persistent_writes_);
+  size_t longest = 0;
   for (size_t k = 0; k < pending_.size(); ++k) {
-    if (fields_[pending_[k].field].persistent) order.push_back(static_cast<uint32_t>(k));
+    if (!fields_[pending_[k].field].persistent) continue;
+    plan.order.push_back(static_cast<uint32_t>(k));
+    longest = std::max(longest, pending_[k].nbytes);
   }
   // The writes into one row stay in call order, in one group: a block applies them one after another.
-  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+  std::stable_sort(plan.order.begin(), plan.order.end(), [&](uint32_t a, uint32_t b) {
     const PendingWrite& x = pending_[a];
     const PendingWrite& y = pending_[b];
     return x.field != y.field ? x.field < y.field : x.row < y.row;
   });
-  const size_t ops_bytes = persistent_writes_ * sizeof(RowWriteOp);
+  for (size_t j = 0; j < plan.order.size(); ++j) {
+    const PendingWrite& w = pending_[plan.order[j]];
+    const PendingWrite* before = j > 0 ? &pending_[plan.order[j - 1]] : nullptr;
+    if (before == nullptr || before->field != w.field || before->row != w.row) ++plan.groups;
+  }
+  plan.records = plan.groups == plan.order.size() && longest <= kRecordValues;
+  plan.bytes = plan.records ? plan.order.size() * kRecordBytes : contents_at(plan.order.size()) + pending_bytes_.size();
+  return plan;
+}
+
+RowWriteParams StaticInputs::pack_writes(const WritePlan& plan, uint8_t* packed, uint8_t* allocation) const {
+  RowWriteParams params{allocation, nullptr, nullptr, nullptr, nullptr, plan.groups};
+  const size_t count = plan.order.size();
+  if (plan.records) {
+    auto* records = reinterpret_cast<RowWriteRecord*>(packed);
+    for (size_t j = 0; j < count; ++j) {
+      const PendingWrite& w = pending_[plan.order[j]];
+      records[j].dst = w.dst;
+      records[j].nbytes = w.nbytes;
+      if (w.nbytes > 0) std::memcpy(records[j].values, pending_bytes_.data() + w.src, w.nbytes);
+    }
+    params.records = records;
+    return params;
+  }
   auto* ops = reinterpret_cast<RowWriteOp*>(packed);
-  auto* starts = reinterpret_cast<uint32_t*>(packed + ops_bytes);
-  uint32_t groups = 0;
-  for (size_t j = 0; j < order.size(); ++j) {
-    const PendingWrite& w = pending_[order[j]];
+  auto* starts = reinterpret_cast<uint32_t*>(packed + count * sizeof(RowWriteOp));
+  uint32_t group = 0;
+  for (size_t j = 0; j < count; ++j) {
+    const PendingWrite& w = pending_[plan.order[j]];
     ops[j] = RowWriteOp{w.dst, w.src, w.nbytes};
-    if (j == 0 || pending_[order[j - 1]].field != w.field || pending_[order[j - 1]].row != w.row) {
-      starts[groups++] = static_cast<uint32_t>(j);
+    const PendingWrite* before = j > 0 ? &pending_[plan.order[j - 1]] : nullptr;
+    if (before == nullptr || before->field != w.field || before->row != w.row) {
+      starts[group++] = static_cast<uint32_t>(j);
     }
   }
-  starts[groups] = static_cast<uint32_t>(order.size());
-  if (!pending_bytes_.empty()) {
-    std::memcpy(packed + contents_at(persistent_writes_), pending_bytes_.data(), pending_bytes_.size());
-  }
-  return groups;
+  starts[group] = static_cast<uint32_t>(count);
+  if (!pending_bytes_.empty()) std::memcpy(packed + contents_at(count), pending_bytes_.data(), pending_bytes_.size());
+  params.ops = ops;
+  // Every group one write: the kernel skips the group starts, one trip over the bus less.
+  params.group_starts = plan.groups == count ? nullptr : starts;
+  params.contents = packed + contents_at(count);
+  return params;
 }
 
 void* StaticInputs::record_on(const c10::cuda::CUDAStream& stream) {
@@ -469,21 +495,15 @@ void StaticInputs::copy_to_device(FieldValues& data, int64_t n, int64_t last_row
   }
   // The step's bytes, then the packed writes, in ONE region: one copy of the first part, then the
   // kernel that reads the second part in place; the region is sealed behind both.
+  const WritePlan plan = plan_writes();
   StagingRing& ring = ring_for(device_.index(), Direction::kToDevice);
   const size_t packed_at = align_up(bytes, kStagingAlignment);
-  const size_t total = packed_at + packed_bytes();
+  const size_t total = packed_at + plan.bytes;
   LeaseGuard lease(ring, total);
   const size_t fallbacks = write_region(lease.data(), data, n, last_rows, bytes);
-  uint8_t* const packed = lease.data() + packed_at;
-  const uint32_t groups = pack_writes(packed);
   void* const dst = record_on(stream);
+  const RowWriteParams params = pack_writes(plan, lease.data() + packed_at, static_cast<uint8_t*>(dst));
   if (bytes > 0) lease.copy(dst, lease.data(), bytes, cudaMemcpyHostToDevice, stream.stream());
-  // Every group one write (the usual step): the kernel skips the group starts, one host read less.
-  const RowWriteParams params{static_cast<uint8_t*>(dst), reinterpret_cast<const RowWriteOp*>(packed),
-                              groups == persistent_writes_
-                                  ? nullptr
-                                  : reinterpret_cast<const uint32_t*>(packed + persistent_writes_ * sizeof(RowWriteOp)),
-                              packed + contents_at(persistent_writes_), groups};
   const int launched = launch_row_writes(params, stream.stream());
   // Sealed behind the kernel whether or not it was launched: the copy may have been.
   lease.commit(stream.stream());

@@ -16,6 +16,7 @@
 
 #include "convert/item_plan.h"
 #include "python/py_objects.h"
+#include "tensor/row_writes.h"
 
 #ifdef PINSTAGE_WITH_CUDA
 #include <c10/cuda/CUDAStream.h>
@@ -96,9 +97,17 @@ class StaticInputs {
 #ifdef PINSTAGE_WITH_CUDA
   void copy_to_device(FieldValues& data, int64_t n, int64_t last_rows, size_t bytes,
                       const c10::cuda::CUDAStream& stream);
-  // The pending writes into persistent fields, packed at `packed` (packed_bytes() of ring memory).
-  size_t packed_bytes() const;
-  uint32_t pack_writes(uint8_t* packed) const;  // returns how many groups of writes (one block each)
+  // How the pending writes into persistent fields are packed: their order (grouped by field and
+  // row, call order within a group), how many groups, records or ops, and the bytes that takes.
+  struct WritePlan {
+    std::vector<uint32_t> order;
+    uint32_t groups = 0;
+    bool records = false;
+    size_t bytes = 0;
+  };
+  WritePlan plan_writes() const;
+  // Packs them at `packed` (plan.bytes of ring memory); returns the kernel's parameters.
+  RowWriteParams pack_writes(const WritePlan& plan, uint8_t* packed, uint8_t* allocation) const;
   void* record_on(const c10::cuda::CUDAStream& stream);
 #endif
   bool writes_persistent() const { return persistent_writes_ > 0; }
