@@ -40,9 +40,10 @@ class StaticInputs {
   StaticInputs(const StaticInputs&) = delete;
   StaticInputs& operator=(const StaticInputs&) = delete;
 
-  // values: a dict with every field's values (n rows each, anything stage_to_device takes). An error
-  // names the field and stages nothing. One set of graph inputs has one writer: a stage() entered
-  // while another runs (from a conversion's Python code, or another thread) raises.
+  // values: a dict with every staged (non-persistent) field's values (n rows each, anything
+  // stage_to_device takes); then the pending row writes are applied. An error names the field and
+  // stages nothing (the writes stay pending). One set of graph inputs has one writer: a stage() or
+  // write_rows() entered while another runs (from a conversion's Python code, or another thread) raises.
   void stage(PyObject* values, PyObject* n, PyObject* stream);
 
   // Keeps writes values[i] -> field `name`'s row rows[i] (flattened) from element starts[i] on, for
@@ -123,9 +124,10 @@ class StaticInputs {
   const void* data_ = nullptr;  // its address, which a captured graph reads
   std::vector<at::Tensor> views_;
   std::vector<uint8_t> fill_image_;  // the whole allocation with every row at its field's fill
-  // Rows of the LAST field that may hold something other than its fill. Every other field is copied
-  // whole (the copy runs to the last field's rows), so only the last one's rows beyond n can be
-  // stale from an earlier, larger n; the copy extends over them. Read and written with the GIL held.
+  // Rows of the LAST staged field that may hold something other than its fill (values, row writes).
+  // Every other staged field is copied whole (the copy runs to the last one's rows), so only the
+  // last one's rows beyond n can be stale from an earlier, larger n; the copy extends over them.
+  // Read and written with the GIL held.
   int64_t dirty_rows_;
   bool staging_ = false;  // a stage() or write_rows() is running (with the GIL held, or waiting for ring room)
   // Writes for the next stage, in call order, and their converted values (each at a 16-byte offset).
