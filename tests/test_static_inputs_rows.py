@@ -513,3 +513,43 @@ def test_batch_state_stages_around_a_persistent_block_table(device):
         [-1, 20, 21, 22, -1, -1],
         [-1] * 6,
     ]
+
+
+@pytest.mark.cuda
+def test_a_graph_replayed_after_each_stage_reads_the_rows_written(cuda_ring):
+    """A graph captured once on the views, replayed after each stage behind a busy stream: each
+    replay sees that step's values and every row write so far (the kernel runs before it)."""
+    inputs, ref = make("cuda", max_bs=32)
+    weights = torch.arange(ROW, dtype=torch.int64, device="cuda")
+
+    def step():
+        return (inputs["block_table"].long() * weights).sum(1) + inputs["input_ids"]
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    torch.cuda.synchronize()
+    rng = seeded_rng("graph")
+    results, expected_out = [], []
+    done = busy(100)
+    for _ in range(8):
+        rows, starts, values = random_writes(FIELDS["block_table"], 32, 8, rng, "list")
+        inputs.write_rows("block_table", rows, starts, values)
+        ref.write_rows("block_table", rows, starts, values)
+        n = rng.randint(0, 32)
+        values = step_values(n, rng)
+        inputs.stage(values, n)
+        ref.stage(values, n)
+        graph.replay()
+        results.append(out.clone())
+        expected_out.append((ref.tensors["block_table"].long() * weights.cpu()).sum(1) + ref.tensors["input_ids"])
+    assert_still_busy(done, "the stages and replays were queued")
+    torch.cuda.synchronize()
+    for k, (got, want) in enumerate(zip(results, expected_out)):
+        assert torch.equal(got.cpu(), want), "replay %d" % k
