@@ -122,13 +122,14 @@ std::vector<at::Tensor> tensors_arg(py::handle tensors, const char* api) {
   return out;
 }
 
-// (name, dtype, row shape, fill as a 0-d CPU tensor) per field, as pinstage.StaticInputs passes them.
+// (name, dtype, row shape, fill as a 0-d CPU tensor, persistent) per field, as pinstage.StaticInputs
+// passes them.
 std::vector<StaticFieldSpec> static_field_specs(py::handle fields) {
   std::vector<StaticFieldSpec> specs;
   for (py::handle item : fields) {
     auto spec = item.cast<py::tuple>();
     specs.push_back({spec[0].cast<std::string>(), parse_dtype(spec[1].ptr(), "Field dtype"),
-                     spec[2].cast<std::vector<int64_t>>(), spec[3].cast<at::Tensor>()});
+                     spec[2].cast<std::vector<int64_t>>(), spec[3].cast<at::Tensor>(), spec[4].cast<bool>()});
   }
   return specs;
 }
@@ -218,6 +219,11 @@ PYBIND11_MODULE(_C, m) {
       }))
       .def("stage", [](StaticInputs& s, py::handle values, py::handle n,
                        py::handle stream) { translate_errors([&] { s.stage(values.ptr(), n.ptr(), stream.ptr()); }); })
+      .def("write_rows",
+           [](StaticInputs& s, py::handle name, py::handle rows, py::handle starts, py::handle values) {
+             translate_errors([&] { s.write_rows(name.ptr(), rows.ptr(), starts.ptr(), values.ptr()); });
+           })
+      .def_property_readonly("pending_writes", &StaticInputs::pending_writes)
       .def("views", &StaticInputs::views)
       .def_property_readonly("device", &StaticInputs::device);
 

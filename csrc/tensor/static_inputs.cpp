@@ -13,6 +13,7 @@
 
 #ifdef PINSTAGE_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include "copy/ring_copy.h"
@@ -51,14 +52,14 @@ int64_t rows_arg(PyObject* n, int64_t max_bs) {
   return rows;
 }
 
-// Marks the inputs as being staged for one stage() call; a second one meanwhile would move the
-// dirty-row mark under the first one's copy.
+// Marks the inputs as being staged (or written) for one stage() or write_rows() call; a second one
+// meanwhile would move the dirty-row mark or the pending writes under the first one.
 class StagingScope {
  public:
-  explicit StagingScope(bool& staging) : staging_(staging) {
-    TORCH_CHECK(!staging_, kStage,
-                ": these inputs are already being staged (by Python code that a conversion "
-                "ran, or by another thread); one StaticInputs has one writer; nothing was staged");
+  StagingScope(bool& staging, const char* api) : staging_(staging) {
+    TORCH_CHECK(!staging_, api,
+                ": these inputs are already being staged or written (by Python code that a conversion "
+                "ran, or by another thread); one StaticInputs has one writer; this call changed nothing");
     staging_ = true;
   }
   ~StagingScope() { staging_ = false; }
@@ -72,11 +73,11 @@ class StagingScope {
 }  // namespace
 
 StaticInputs::StaticInputs(const std::vector<StaticFieldSpec>& specs, int64_t max_bs, PyObject* device)
-    : max_bs_(max_bs), device_(resolve_device(device)), dirty_rows_(max_bs) {
+    : last_staged_(specs.size()), max_bs_(max_bs), device_(resolve_device(device)), dirty_rows_(max_bs) {
   TORCH_CHECK_VALUE(!specs.empty(), "pinstage.StaticInputs: at least one field is needed");
   TORCH_CHECK_VALUE(max_bs > 0, "pinstage.StaticInputs: max_bs must be positive, got ", max_bs);
-  size_t end = 0;
   std::vector<std::vector<int64_t>> shapes;
+  std::vector<size_t> field_bytes;
   for (const StaticFieldSpec& spec : specs) {
     Field f{
         THPObjectPtr(checked(PyUnicode_FromStringAndSize(spec.name.data(), static_cast<Py_ssize_t>(spec.name.size())))),
@@ -85,7 +86,8 @@ StaticInputs::StaticInputs(const std::vector<StaticFieldSpec>& specs, int64_t ma
         spec.row_shape,
         0,
         0,
-        0};
+        0,
+        spec.persistent};
     for (int64_t s : spec.row_shape) {
       TORCH_CHECK_VALUE(s >= 0, "pinstage.StaticInputs: ", f.label(), " has a negative dimension in its shape ",
                         c10::IntArrayRef(spec.row_shape));
@@ -99,14 +101,25 @@ StaticInputs::StaticInputs(const std::vector<StaticFieldSpec>& specs, int64_t ma
     std::vector<int64_t> shape{max_bs};
     shape.insert(shape.end(), spec.row_shape.begin(), spec.row_shape.end());
     int64_t numel = 0;
-    const size_t bytes = checked_nbytes(shape, spec.dtype, &numel);
-    TORCH_CHECK(bytes <= static_cast<size_t>(INT64_MAX) - kStagingAlignment &&
-                    end <= static_cast<size_t>(INT64_MAX) - kStagingAlignment - bytes,
-                "pinstage.StaticInputs: the fields together are more than 2**63 bytes");
-    f.offset = align_up(end, kStagingAlignment);
-    end = f.offset + bytes;
+    field_bytes.push_back(checked_nbytes(shape, spec.dtype, &numel));
     fields_.push_back(std::move(f));
     shapes.push_back(std::move(shape));
+  }
+  // Staged fields first, in declared order, so that one copy from the start covers them; the
+  // persistent ones after them, outside that copy.
+  size_t end = 0;
+  for (const bool persistent : {false, true}) {
+    for (size_t i = 0; i < fields_.size(); ++i) {
+      Field& f = fields_[i];
+      if (f.persistent != persistent) continue;
+      const size_t bytes = field_bytes[i];
+      TORCH_CHECK(bytes <= static_cast<size_t>(INT64_MAX) - kStagingAlignment &&
+                      end <= static_cast<size_t>(INT64_MAX) - kStagingAlignment - bytes,
+                  "pinstage.StaticInputs: the fields together are more than 2**63 bytes");
+      f.offset = align_up(end, kStagingAlignment);
+      end = f.offset + bytes;
+      if (!persistent) last_staged_ = i;
+    }
   }
   fill_image_.assign(end, 0);
   for (size_t i = 0; i < fields_.size(); ++i) {
@@ -118,6 +131,13 @@ StaticInputs::StaticInputs(const std::vector<StaticFieldSpec>& specs, int64_t ma
   if (device_.is_cuda()) {
     allocation_stream_ = c10::cuda::getCurrentCUDAStream(device_.index());
     check_not_capturing(*allocation_stream_, "StaticInputs");  // before a graph's pool gets the allocation
+    if (std::any_of(fields_.begin(), fields_.end(), [](const Field& f) { return f.persistent; })) {
+      // The row-write kernel reads the pinned ring region in place, at its host address.
+      int unified = 0;
+      C10_CUDA_CHECK(cudaDeviceGetAttribute(&unified, cudaDevAttrUnifiedAddressing, device_.index()));
+      TORCH_CHECK(unified == 1, "pinstage.StaticInputs: persistent fields need unified addressing, which cuda:",
+                  static_cast<int>(device_.index()), " lacks");
+    }
   }
 #endif
   {
@@ -133,13 +153,13 @@ StaticInputs::StaticInputs(const std::vector<StaticFieldSpec>& specs, int64_t ma
     }
   }
   data_ = buffer_.storage().data();
-  // Every row at its fill, by the path a stage takes.
+  // Every row of every field at its fill, by the path a stage takes.
   FieldValues no_values;
   if (device_.is_cpu()) {
-    copy_to_host_buffer(no_values, 0, max_bs_);
+    copy_to_host_buffer(no_values, 0, max_bs_, end);
   } else {
 #ifdef PINSTAGE_WITH_CUDA
-    copy_to_device(no_values, 0, max_bs_, *allocation_stream_);
+    copy_to_device(no_values, 0, max_bs_, end, *allocation_stream_);
 #endif
   }
   dirty_rows_ = 0;
@@ -154,48 +174,68 @@ void StaticInputs::stage(PyObject* values, PyObject* n_arg, PyObject* stream) {
   const int64_t n = rows_arg(n_arg, max_bs_);
   // No stream on the CPU.
   [[maybe_unused]] const Target target = target_on(device_, stream, "StaticInputs.stage");
-  const StagingScope scope(staging_);
+  const StagingScope scope(staging_, kStage);
   FieldValues data = field_values(values);
-  // The copy's extent depends on n alone, so the region is taken first and each field is converted
-  // straight into it.
-  const int64_t last_rows = std::max(n, dirty_rows_);
+  // The copy's extent depends on n and the pending writes alone, so the region is taken first and
+  // each field is converted straight into it.
+  const int64_t last_rows = std::max({n, dirty_rows_, pending_last_rows_});
   if (device_.is_cpu()) {
-    copy_to_host_buffer(data, n, last_rows);
+    copy_to_host_buffer(data, n, last_rows, bytes_through(last_rows));
   } else {
 #ifdef PINSTAGE_WITH_CUDA
-    copy_to_device(data, n, last_rows, *target.stream);
+    copy_to_device(data, n, last_rows, bytes_through(last_rows), *target.stream);
 #endif
   }
-  dirty_rows_ = n;
+  dirty_rows_ = std::max(n, pending_last_rows_);
+  clear_writes();
+}
+
+void StaticInputs::clear_writes() {
+  pending_.clear();
+  pending_bytes_.clear();
+  persistent_writes_ = 0;
+  pending_last_rows_ = 0;
 }
 
 StaticInputs::FieldValues StaticInputs::field_values(PyObject* values) const {
   TORCH_CHECK_TYPE(PyDict_Check(values), kStage, ": values must be a dict of field name -> values, got ",
                    Py_TYPE(values)->tp_name);
-  FieldValues out;
-  out.reserve(fields_.size());
-  for (const Field& f : fields_) {
+  FieldValues out(fields_.size());
+  Py_ssize_t staged = 0;
+  for (size_t i = 0; i < fields_.size(); ++i) {
+    const Field& f = fields_[i];
+    if (f.persistent) continue;
+    ++staged;
     PyObject* v = PyDict_GetItemWithError(values, f.name.get());
     if (v == nullptr) {
       if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "%s: no values for %s", kStage, f.label().c_str());
       throw PythonError();
     }
-    out.push_back(THPObjectPtr::dup(v));  // held: Python code run later may remove it from the dict
+    out[i] = THPObjectPtr::dup(v);  // held: Python code run later may remove it from the dict
   }
-  if (PyDict_Size(values) == static_cast<Py_ssize_t>(fields_.size())) return out;
+  if (PyDict_Size(values) == staged) return out;
   PyObject *key, *value;
   Py_ssize_t pos = 0;
   while (PyDict_Next(values, &pos, &key, &value)) {
-    const bool known = PyUnicode_Check(key) && std::any_of(fields_.begin(), fields_.end(), [&](const Field& f) {
-                         return PyUnicode_Compare(key, f.name.get()) == 0;
-                       });
-    if (known) continue;
+    const auto known = std::find_if(fields_.begin(), fields_.end(), [&](const Field& f) {
+      return PyUnicode_Check(key) && PyUnicode_Compare(key, f.name.get()) == 0;
+    });
+    if (known != fields_.end()) {
+      if (!known->persistent) continue;
+      TORCH_CHECK_VALUE(false, kStage, ": ", known->label(),
+                        " is persistent: stage() takes no values for it; change its rows with write_rows()");
+    }
     THPObjectPtr text(checked(PyObject_Repr(key)));
-    std::string names;
-    for (const Field& f : fields_) names += (names.empty() ? "'" : ", '") + f.name_text + "'";
-    TORCH_CHECK_VALUE(false, kStage, ": unknown field ", PyUnicode_AsUTF8(text.get()), " (the fields are ", names, ")");
+    TORCH_CHECK_VALUE(false, kStage, ": unknown field ", PyUnicode_AsUTF8(text.get()), " (the fields are ",
+                      field_names(), ")");
   }
   return out;
+}
+
+std::string StaticInputs::field_names() const {
+  std::string names;
+  for (const Field& f : fields_) names += (names.empty() ? "'" : ", '") + f.name_text + "'";
+  return names;
 }
 
 void StaticInputs::check_rows(size_t i, const ItemPlan& plan, int64_t n) const {
@@ -205,13 +245,16 @@ void StaticInputs::check_rows(size_t i, const ItemPlan& plan, int64_t n) const {
 }
 
 size_t StaticInputs::bytes_through(int64_t rows) const {
-  return fields_.back().offset + static_cast<size_t>(rows) * fields_.back().row_bytes;
+  if (last_staged_ == fields_.size()) return 0;
+  return fields_[last_staged_].offset + static_cast<size_t>(rows) * fields_[last_staged_].row_bytes;
 }
 
-size_t StaticInputs::write_region(uint8_t* region, FieldValues& data, int64_t n, int64_t last_rows) const {
+size_t StaticInputs::write_region(uint8_t* region, FieldValues& data, int64_t n, int64_t last_rows,
+                                  size_t bytes) const {
   size_t fallbacks = 0;
   for (size_t i = 0; i < fields_.size(); ++i) {
     const Field& f = fields_[i];
+    if (f.persistent) continue;
     if (!data.empty()) {
       for_field(i, [&] {
         ItemPlan plan = plan_item(data[i].get(), f.dtype);  // a fallback's Python code runs here
@@ -220,10 +263,18 @@ size_t StaticInputs::write_region(uint8_t* region, FieldValues& data, int64_t n,
         fallbacks += plan.via_fallback ? 1 : 0;
       });
     }
-    const size_t rows_end = static_cast<size_t>(i + 1 == fields_.size() ? last_rows : max_bs_);
+    const size_t rows_end = static_cast<size_t>(i == last_staged_ ? last_rows : max_bs_);
     const size_t from = f.offset + static_cast<size_t>(n) * f.row_bytes;
     const size_t to = f.offset + rows_end * f.row_bytes;
     if (to > from) std::memcpy(region + from, fill_image_.data() + from, to - from);
+  }
+  // Construction: the persistent fields' fills too.
+  const size_t staged_end = bytes_through(last_rows);
+  if (bytes > staged_end) std::memcpy(region + staged_end, fill_image_.data() + staged_end, bytes - staged_end);
+  // Row writes into staged fields land over this step's values, in call order.
+  for (const PendingWrite& w : pending_) {
+    if (!fields_[w.field].persistent && w.nbytes > 0)
+      std::memcpy(region + w.dst, pending_bytes_.data() + w.src, w.nbytes);
   }
   return fallbacks;
 }
@@ -235,32 +286,229 @@ void StaticInputs::check_storage_intact() const {
               "being converted; a graph captured its old address; nothing was staged");
 }
 
-void StaticInputs::copy_to_host_buffer(FieldValues& data, int64_t n, int64_t last_rows) {
+void StaticInputs::copy_to_host_buffer(FieldValues& data, int64_t n, int64_t last_rows, size_t bytes) {
   // Through a region of its own: a bad value in a later field must leave the views as they were.
-  const size_t bytes = bytes_through(last_rows);
   host_region_.resize(std::max<size_t>(bytes, 1));
-  const size_t fallbacks = write_region(host_region_.data(), data, n, last_rows);
+  const size_t fallbacks = write_region(host_region_.data(), data, n, last_rows, bytes);
   check_storage_intact();
-  if (bytes > 0) std::memcpy(buffer_.data_ptr(), host_region_.data(), bytes);
-  cpu_counters().record(bytes, 0, fallbacks);
+  uint8_t* const allocation = static_cast<uint8_t*>(buffer_.data_ptr());
+  if (bytes > 0) std::memcpy(allocation, host_region_.data(), bytes);
+  size_t written = bytes;
+  for (const PendingWrite& w : pending_) {  // in call order: a later write wins
+    if (!fields_[w.field].persistent || w.nbytes == 0) continue;
+    std::memcpy(allocation + w.dst, pending_bytes_.data() + w.src, w.nbytes);
+    written += w.nbytes;
+  }
+  cpu_counters().record(written, 0, fallbacks);
+}
+
+// ----------------------------------------------------------------------------- row writes
+
+namespace {
+
+constexpr const char* kWriteRows = "pinstage.StaticInputs.write_rows";
+
+// An int argument (operator.index, not bool) in [lo, hi]; `what` names it in the error.
+int64_t index_in(PyObject* v, int64_t lo, int64_t hi, const char* what) {
+  TORCH_CHECK_TYPE(PyIndex_Check(v) && !PyBool_Check(v), what, " must be an int, got ", Py_TYPE(v)->tp_name);
+  THPObjectPtr index(checked(PyNumber_Index(v)));
+  int overflow = 0;
+  const long long value = PyLong_AsLongLongAndOverflow(index.get(), &overflow);
+  if (value == -1 && PyErr_Occurred()) throw PythonError();
+  if (overflow != 0 || value < lo || value > hi) {
+    THPObjectPtr text(checked(PyObject_Str(index.get())));
+    TORCH_CHECK_VALUE(false, what, " must be between ", lo, " and ", hi, ", got ", PyUnicode_AsUTF8(text.get()));
+  }
+  return value;
+}
+
+// A sequence argument (a list, a numpy array, a tensor: any iterable but text) as a tuple of its
+// own: Python code run later (an __index__) cannot change it.
+THPObjectPtr as_tuple(PyObject* seq, const char* what) {
+  const bool text = PyUnicode_Check(seq) || PyBytes_Check(seq);
+  PyObject* tuple = text ? nullptr : PySequence_Tuple(seq);
+  if (tuple == nullptr) {
+    if (!text && !PyErr_ExceptionMatches(PyExc_TypeError)) throw PythonError();
+    PyErr_Clear();
+    TORCH_CHECK_TYPE(false, kWriteRows, ": ", what, " must be a sequence, got ", Py_TYPE(seq)->tp_name);
+  }
+  return THPObjectPtr(tuple);
+}
+
+}  // namespace
+
+void StaticInputs::write_rows(PyObject* name, PyObject* rows_arg_, PyObject* starts_arg, PyObject* values_arg) {
+  const StagingScope scope(staging_, kWriteRows);
+  TORCH_CHECK_TYPE(PyUnicode_Check(name), kWriteRows, ": the field name must be str, got ", Py_TYPE(name)->tp_name);
+  const auto found = std::find_if(fields_.begin(), fields_.end(),
+                                  [&](const Field& f) { return PyUnicode_Compare(name, f.name.get()) == 0; });
+  if (found == fields_.end()) {
+    if (PyErr_Occurred()) throw PythonError();
+    THPObjectPtr text(checked(PyObject_Repr(name)));
+    TORCH_CHECK_VALUE(false, kWriteRows, ": unknown field ", PyUnicode_AsUTF8(text.get()), " (the fields are ",
+                      field_names(), ")");
+  }
+  const size_t field = static_cast<size_t>(found - fields_.begin());
+  const Field& f = *found;
+  const THPObjectPtr rows = as_tuple(rows_arg_, "rows");
+  const THPObjectPtr starts = as_tuple(starts_arg, "starts");
+  const THPObjectPtr values = as_tuple(values_arg, "values");
+  const Py_ssize_t count = PyTuple_GET_SIZE(values.get());
+  TORCH_CHECK_VALUE(PyTuple_GET_SIZE(rows.get()) == count && PyTuple_GET_SIZE(starts.get()) == count, kWriteRows, ": ",
+                    f.label(), ": rows, starts and values must have one entry per write, got ",
+                    PyTuple_GET_SIZE(rows.get()), ", ", PyTuple_GET_SIZE(starts.get()), " and ", count);
+  // Appended in place and cut back on any error: nothing of a failed call is kept.
+  const size_t kept = pending_.size();
+  const size_t kept_bytes = pending_bytes_.size();
+  const size_t element = c10::elementSize(f.dtype);
+  try {
+    for (Py_ssize_t i = 0; i < count; ++i) {
+      // Built only for an error: a step writes many rows.
+      const auto where = [&] { return std::string(kWriteRows) + ": " + f.label() + ": write " + std::to_string(i); };
+      int64_t row = 0, start = 0;
+      with_error_prefix(where, [&] {
+        row = index_in(PyTuple_GET_ITEM(rows.get(), i), 0, max_bs_ - 1, "row");
+        start = index_in(PyTuple_GET_ITEM(starts.get(), i), 0, f.row_numel, "start");
+      });
+      with_error_prefix(
+          [&] { return where() + " (row " + std::to_string(row) + ", start " + std::to_string(start) + ")"; },
+          [&] {
+            ItemPlan plan = plan_item(PyTuple_GET_ITEM(values.get(), i), f.dtype);
+            TORCH_CHECK_VALUE(plan.shape.size() == 1, "values must be a 1-D sequence, got shape ",
+                              c10::IntArrayRef(plan.shape));
+            TORCH_CHECK_VALUE(plan.numel <= f.row_numel - start, plan.numel, " values from element ", start,
+                              " run past the row's ", f.row_numel, " elements (row shape ",
+                              c10::IntArrayRef(f.row_shape), ")");
+            const size_t src = align_up(pending_bytes_.size(), kStagingAlignment);
+            pending_bytes_.resize(src + plan.nbytes);
+            write_fresh_item(plan, plan.nbytes > 0 ? pending_bytes_.data() + src : nullptr);
+            const size_t dst = f.offset + static_cast<size_t>(row) * f.row_bytes + static_cast<size_t>(start) * element;
+            pending_.push_back(PendingWrite{field, row, dst, src, plan.nbytes});
+          });
+    }
+  } catch (...) {
+    pending_.resize(kept);
+    pending_bytes_.resize(kept_bytes);
+    throw;
+  }
+  for (size_t k = kept; k < pending_.size(); ++k) {
+    if (f.persistent) {
+      ++persistent_writes_;
+    } else if (field == last_staged_) {
+      pending_last_rows_ = std::max(pending_last_rows_, pending_[k].row + 1);
+    }
+  }
 }
 
 #ifdef PINSTAGE_WITH_CUDA
-void StaticInputs::copy_to_device(FieldValues& data, int64_t n, int64_t last_rows,
+// Packed writes: records (every group one write of at most kRecordValues bytes), else
+// [RowWriteOp per write, in plan order][group starts][the writes' values as pending_bytes_ holds them].
+namespace {
+
+size_t contents_at(size_t writes) {
+  return align_up(writes * sizeof(RowWriteOp) + (writes + 1) * sizeof(uint32_t), kStagingAlignment);
+}
+
+}  // namespace
+
+StaticInputs::WritePlan StaticInputs::plan_writes() const {
+  // One block per group, and a grid has at most 2**31 - 1 of them.
+  TORCH_CHECK(persistent_writes_ < (size_t{1} << 31), kStage, ": ", persistent_writes_,
+              " row writes in one stage; at most 2**31 - 1 are applied at once");
+  WritePlan plan;
+  plan.order.reserve(persistent_writes_);
+  size_t longest = 0;
+  for (size_t k = 0; k < pending_.size(); ++k) {
+    if (!fields_[pending_[k].field].persistent) continue;
+    plan.order.push_back(static_cast<uint32_t>(k));
+    longest = std::max(longest, pending_[k].nbytes);
+  }
+  // The writes into one row stay in call order, in one group: a block applies them one after another.
+  std::stable_sort(plan.order.begin(), plan.order.end(), [&](uint32_t a, uint32_t b) {
+    const PendingWrite& x = pending_[a];
+    const PendingWrite& y = pending_[b];
+    return x.field != y.field ? x.field < y.field : x.row < y.row;
+  });
+  for (size_t j = 0; j < plan.order.size(); ++j) {
+    const PendingWrite& w = pending_[plan.order[j]];
+    const PendingWrite* before = j > 0 ? &pending_[plan.order[j - 1]] : nullptr;
+    if (before == nullptr || before->field != w.field || before->row != w.row) ++plan.groups;
+  }
+  plan.records = plan.groups == plan.order.size() && longest <= kRecordValues;
+  plan.bytes = plan.records ? plan.order.size() * kRecordBytes : contents_at(plan.order.size()) + pending_bytes_.size();
+  return plan;
+}
+
+RowWriteParams StaticInputs::pack_writes(const WritePlan& plan, uint8_t* packed, uint8_t* allocation) const {
+  RowWriteParams params{allocation, nullptr, nullptr, nullptr, nullptr, plan.groups};
+  const size_t count = plan.order.size();
+  if (plan.records) {
+    auto* records = reinterpret_cast<RowWriteRecord*>(packed);
+    for (size_t j = 0; j < count; ++j) {
+      const PendingWrite& w = pending_[plan.order[j]];
+      records[j].dst = w.dst;
+      records[j].nbytes = w.nbytes;
+      if (w.nbytes > 0) std::memcpy(records[j].values, pending_bytes_.data() + w.src, w.nbytes);
+    }
+    params.records = records;
+    return params;
+  }
+  auto* ops = reinterpret_cast<RowWriteOp*>(packed);
+  auto* starts = reinterpret_cast<uint32_t*>(packed + count * sizeof(RowWriteOp));
+  uint32_t group = 0;
+  for (size_t j = 0; j < count; ++j) {
+    const PendingWrite& w = pending_[plan.order[j]];
+    ops[j] = RowWriteOp{w.dst, w.src, w.nbytes};
+    const PendingWrite* before = j > 0 ? &pending_[plan.order[j - 1]] : nullptr;
+    if (before == nullptr || before->field != w.field || before->row != w.row) {
+      starts[group++] = static_cast<uint32_t>(j);
+    }
+  }
+  starts[group] = static_cast<uint32_t>(count);
+  if (!pending_bytes_.empty()) std::memcpy(packed + contents_at(count), pending_bytes_.data(), pending_bytes_.size());
+  params.ops = ops;
+  // Every group one write: the kernel skips the group starts, one trip over the bus less.
+  params.group_starts = plan.groups == count ? nullptr : starts;
+  params.contents = packed + contents_at(count);
+  return params;
+}
+
+void* StaticInputs::record_on(const c10::cuda::CUDAStream& stream) {
+  check_storage_intact();
+  if (stream != *allocation_stream_ &&
+      std::find(recorded_streams_.begin(), recorded_streams_.end(), stream) == recorded_streams_.end()) {
+    c10::cuda::CUDACachingAllocator::recordStream(buffer_.storage().data_ptr(), stream);
+    recorded_streams_.push_back(stream);
+  }
+  return buffer_.data_ptr();
+}
+
+void StaticInputs::copy_to_device(FieldValues& data, int64_t n, int64_t last_rows, size_t bytes,
                                   const c10::cuda::CUDAStream& stream) {
   c10::cuda::CUDAGuard device_guard(device_.index());
-  copy_through_ring(
-      device_.index(), bytes_through(last_rows), stream.stream(),
-      [&](uint8_t* region) { return write_region(region, data, n, last_rows); },
-      [&]() -> void* {
-        check_storage_intact();
-        if (stream != *allocation_stream_ &&
-            std::find(recorded_streams_.begin(), recorded_streams_.end(), stream) == recorded_streams_.end()) {
-          c10::cuda::CUDACachingAllocator::recordStream(buffer_.storage().data_ptr(), stream);
-          recorded_streams_.push_back(stream);
-        }
-        return buffer_.data_ptr();
-      });
+  if (!writes_persistent()) {
+    copy_through_ring(
+        device_.index(), bytes, stream.stream(),
+        [&](uint8_t* region) { return write_region(region, data, n, last_rows, bytes); },
+        [&]() -> void* { return record_on(stream); });
+    return;
+  }
+  // The step's bytes, then the packed writes, in ONE region: one copy of the first part, then the
+  // kernel that reads the second part in place; the region is sealed behind both.
+  const WritePlan plan = plan_writes();
+  StagingRing& ring = ring_for(device_.index(), Direction::kToDevice);
+  const size_t packed_at = align_up(bytes, kStagingAlignment);
+  const size_t total = packed_at + plan.bytes;
+  LeaseGuard lease(ring, total);
+  const size_t fallbacks = write_region(lease.data(), data, n, last_rows, bytes);
+  void* const dst = record_on(stream);
+  const RowWriteParams params = pack_writes(plan, lease.data() + packed_at, static_cast<uint8_t*>(dst));
+  if (bytes > 0) lease.copy(dst, lease.data(), bytes, cudaMemcpyHostToDevice, stream.stream());
+  const int launched = launch_row_writes(params, stream.stream());
+  // Sealed behind the kernel whether or not it was launched: the copy may have been.
+  lease.commit(stream.stream());
+  C10_CUDA_CHECK(static_cast<cudaError_t>(launched));
+  ring.counters().record(total, bytes > 0 ? 1 : 0, fallbacks);
 }
 #endif
 

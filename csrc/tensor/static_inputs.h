@@ -1,6 +1,8 @@
 // StaticInputs: a CUDA graph's static inputs as named fields of ONE allocation, each a view
 // [max_bs, *row_shape] at a 16-byte aligned offset, filled from host values by ONE copy per step
 // from a staging ring region laid out like the allocation. Rows n..max_bs hold each field's fill.
+// Persistent fields (laid out after the others, outside the copy) keep their rows between stages and
+// change by row writes, which a stage applies with one kernel reading them from the same region.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -14,6 +16,7 @@
 
 #include "convert/item_plan.h"
 #include "python/py_objects.h"
+#include "tensor/row_writes.h"
 
 #ifdef PINSTAGE_WITH_CUDA
 #include <c10/cuda/CUDAStream.h>
@@ -25,7 +28,8 @@ struct StaticFieldSpec {
   std::string name;
   c10::ScalarType dtype;
   std::vector<int64_t> row_shape;
-  at::Tensor fill;  // 0-d CPU tensor of dtype: what rows n..max_bs hold after a stage
+  at::Tensor fill;          // 0-d CPU tensor of dtype: what rows n..max_bs hold after a stage
+  bool persistent = false;  // kept between stages, changed by write_rows only
 };
 
 class StaticInputs {
@@ -36,10 +40,17 @@ class StaticInputs {
   StaticInputs(const StaticInputs&) = delete;
   StaticInputs& operator=(const StaticInputs&) = delete;
 
-  // values: a dict with every field's values (n rows each, anything stage_to_device takes). An error
-  // names the field and stages nothing. One set of graph inputs has one writer: a stage() entered
-  // while another runs (from a conversion's Python code, or another thread) raises.
+  // values: a dict with every staged (non-persistent) field's values (n rows each, anything
+  // stage_to_device takes); then the pending row writes are applied. An error names the field and
+  // stages nothing (the writes stay pending). One set of graph inputs has one writer: a stage() or
+  // write_rows() entered while another runs (from a conversion's Python code, or another thread) raises.
   void stage(PyObject* values, PyObject* n, PyObject* stream);
+
+  // Keeps writes values[i] -> field `name`'s row rows[i] (flattened) from element starts[i] on, for
+  // the next stage(), which applies them after the fields' values, in call order. Checked and
+  // converted here: an error names the field and the write and keeps nothing of this call.
+  void write_rows(PyObject* name, PyObject* rows, PyObject* starts, PyObject* values);
+  size_t pending_writes() const { return pending_.size(); }
 
   const std::vector<at::Tensor>& views() const { return views_; }
   c10::Device device() const { return device_; }
@@ -55,40 +66,75 @@ class StaticInputs {
     int64_t row_numel;
     size_t row_bytes;
     size_t offset;  // in the allocation, and in every ring region
+    bool persistent;
   };
 
-  using FieldValues = std::vector<THPObjectPtr>;  // one per field, in field order; empty: fills only
+  // A write kept for the next stage: its bytes at `src` in pending_bytes_, `dst` in the allocation.
+  struct PendingWrite {
+    size_t field;
+    int64_t row;
+    size_t dst;
+    size_t src;
+    size_t nbytes;
+  };
+
+  using FieldValues = std::vector<THPObjectPtr>;  // one per field (null: persistent); empty: fills only
   FieldValues field_values(PyObject* values) const;
   // Runs fn() with errors naming field i.
   template <class Fn>
   auto for_field(size_t i, Fn&& fn) const -> decltype(fn());
   void check_rows(size_t i, const ItemPlan& plan, int64_t n) const;
-  // Bytes [0, end) of the allocation where the last field's first `rows` rows end: what one copy covers.
+  std::string field_names() const;  // 'a', 'b', ... for error messages
+  // Bytes [0, end) of the allocation where the last staged field's first `rows` rows end: what one
+  // copy covers (0 when every field is persistent).
   size_t bytes_through(int64_t rows) const;
-  // Converts each field's values straight into `region` (which mirrors the allocation up to
-  // bytes_through(last_rows)) as it is planned, then its fill rows; returns how many fields went
-  // through torch.tensor. A field's Python code (a fallback) runs after the fields before it are
-  // written, so it cannot change them.
-  size_t write_region(uint8_t* region, FieldValues& data, int64_t n, int64_t last_rows) const;
-  void copy_to_host_buffer(FieldValues& data, int64_t n, int64_t last_rows);
+  // Converts each staged field's values straight into `region` (which mirrors the allocation up to
+  // `bytes`: bytes_through(last_rows), or all of it at construction) as it is planned, then its fill
+  // rows, then the pending writes into those fields; returns how many fields went through
+  // torch.tensor. A field's Python code (a fallback) runs after the fields before it are written, so
+  // it cannot change them.
+  size_t write_region(uint8_t* region, FieldValues& data, int64_t n, int64_t last_rows, size_t bytes) const;
+  void copy_to_host_buffer(FieldValues& data, int64_t n, int64_t last_rows, size_t bytes);
 #ifdef PINSTAGE_WITH_CUDA
-  void copy_to_device(FieldValues& data, int64_t n, int64_t last_rows, const c10::cuda::CUDAStream& stream);
+  void copy_to_device(FieldValues& data, int64_t n, int64_t last_rows, size_t bytes,
+                      const c10::cuda::CUDAStream& stream);
+  // How the pending writes into persistent fields are packed: their order (grouped by field and
+  // row, call order within a group), how many groups, records or ops, and the bytes that takes.
+  struct WritePlan {
+    std::vector<uint32_t> order;
+    uint32_t groups = 0;
+    bool records = false;
+    size_t bytes = 0;
+  };
+  WritePlan plan_writes() const;
+  // Packs them at `packed` (plan.bytes of ring memory); returns the kernel's parameters.
+  RowWriteParams pack_writes(const WritePlan& plan, uint8_t* packed, uint8_t* allocation) const;
+  void* record_on(const c10::cuda::CUDAStream& stream);
 #endif
+  bool writes_persistent() const { return persistent_writes_ > 0; }
+  void clear_writes();
   // Python code run during a conversion (the fallback) could shrink the allocation's storage.
   void check_storage_intact() const;
 
   std::vector<Field> fields_;
+  size_t last_staged_;  // the staged field laid out last (fields_.size(): none)
   int64_t max_bs_;
   c10::Device device_;
   at::Tensor buffer_;           // uint8, the one allocation
   const void* data_ = nullptr;  // its address, which a captured graph reads
   std::vector<at::Tensor> views_;
   std::vector<uint8_t> fill_image_;  // the whole allocation with every row at its field's fill
-  // Rows of the LAST field that may hold something other than its fill. Every other field is copied
-  // whole (the copy runs to the last field's rows), so only the last one's rows beyond n can be
-  // stale from an earlier, larger n; the copy extends over them. Read and written with the GIL held.
+  // Rows of the LAST staged field that may hold something other than its fill (values, row writes).
+  // Every other staged field is copied whole (the copy runs to the last one's rows), so only the
+  // last one's rows beyond n can be stale from an earlier, larger n; the copy extends over them.
+  // Read and written with the GIL held.
   int64_t dirty_rows_;
-  bool staging_ = false;              // a stage() is running (with the GIL held, or waiting for ring room)
+  bool staging_ = false;  // a stage() or write_rows() is running (with the GIL held, or waiting for ring room)
+  // Writes for the next stage, in call order, and their converted values (each at a 16-byte offset).
+  std::vector<PendingWrite> pending_;
+  std::vector<uint8_t> pending_bytes_;
+  size_t persistent_writes_ = 0;      // how many of pending_ go to persistent fields
+  int64_t pending_last_rows_ = 0;     // rows of the last staged field that pending writes reach
   std::vector<uint8_t> host_region_;  // the CPU path's region: one stage() at a time uses it
 #ifdef PINSTAGE_WITH_CUDA
   std::optional<c10::cuda::CUDAStream> allocation_stream_;

@@ -314,12 +314,13 @@ class BatchState:
         from the state's columns (input_ids: the last tokens, seq_lens, req_pool_indices, the
         sampling parameters: static_step.BATCH_STATE_FIELDS) or from `extra` (the caller's per-step
         values that are not columns, e.g. positions, out_cache_loc: len(self) rows each). Rows past
-        the batch take each field's fill. The sampling flags stay on the host (is_all_greedy...).
+        the batch take each field's fill; persistent fields (a block table) keep their rows and take
+        the inputs' pending row writes. The sampling flags stay on the host (is_all_greedy...).
         KeyError naming every declared field that neither gives, ValueError for an `extra` name that
         the state stages itself or that `inputs` does not declare, and StaticInputs.stage's errors;
         nothing is staged then."""
         n = self._size
-        inputs.stage(static_values(self._cols, n, inputs.names, extra), n, stream)
+        inputs.stage(static_values(self._cols, n, inputs.staged_names, extra), n, stream)
 
     # ----------------------------------------------------------------------------- storage
 
