@@ -6,6 +6,7 @@ import threading
 
 import pytest
 import torch
+from gpu_busy import assert_still_busy, busy
 from support import run_child
 
 import pinstage
@@ -92,23 +93,25 @@ def test_torch_empty_cache_between_stagings():
 
 
 def test_overflow_blocks_are_given_back_by_empty_cache():
+    """empty_cache() with copies from overflow blocks still in flight waits for the device first
+    (freeing pinned memory would wait for it anyway), then frees every block: none is freed under a
+    copy that still reads it, and none is kept."""
     pinstage.configure(ring_bytes=SMALL_RING)
     torch.cuda.synchronize()
     pinstage.empty_cache()
     before = pinstage.stats()["overflow_reserved_bytes"]
-    torch.cuda._sleep(50_000_000)
+    done = busy(50)
     kept = [pinstage.stage_to_device(list(range(i, i + 4000)), torch.int64) for i in range(40)]  # 32 KB each
     burst = pinstage.stats()
     assert burst["overflow_reserved_bytes"] > before, "the burst did not overflow"
-    pinstage.empty_cache()  # copies still in flight: their blocks stay
-    assert pinstage.stats()["overflow_reserved_bytes"] > before
-    torch.cuda.synchronize()
-    for i, t in enumerate(kept):
-        assert t.cpu().tolist() == list(range(i, i + 4000))
+    assert_still_busy(done, "the burst was staged")
     pinstage.empty_cache()
+    assert done.query(), "empty_cache() freed blocks without waiting for the copies that read them"
     after = pinstage.stats()
     assert after["overflow_reserved_bytes"] == 0, after
     assert after["overflow_peak_reserved_bytes"] >= burst["overflow_reserved_bytes"]
+    for i, t in enumerate(kept):
+        assert t.cpu().tolist() == list(range(i, i + 4000))
 
 
 @pytest.mark.parametrize("mode", ["global", "thread_local"])

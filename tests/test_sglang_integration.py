@@ -446,3 +446,36 @@ def test_write_cache_indices_leaves_other_prefix_dtypes_to_sglang(sg, device, mo
         with pinstage_sglang.enabled():
             assert torch.equal(run(dtype), expected), dtype
         assert wrote == [by_pinstage], dtype
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_write_cache_indices_leaves_large_batches_to_sglang(sg, device, monkeypatch):
+    """From SGLANG_FROM requests on, SGLang's own function writes the table (pinstage's op measured
+    no faster there); below, pinstage's op: the same rows either way."""
+    from bench.engines import sglang_stubs
+    from pinstage.integrations import _sglang_cache
+
+    calls = []
+    builder = _sglang_cache.pinstage_write_cache_indices
+    monkeypatch.setattr(
+        _sglang_cache, "pinstage_write_cache_indices", lambda *a, **k: calls.append(1) or builder(*a, **k)
+    )
+    monkeypatch.setattr(_sglang_cache, "SGLANG_FROM", 4)
+
+    def run(batch):
+        world = sglang_stubs.SchedulerWorld(sg, device)
+        out_cache_loc = world.allocator.alloc(2 * batch)
+        rows = torch.arange(1, batch + 1)
+        prefix_lens, extend_lens = torch.zeros(batch, dtype=torch.int64), torch.full((batch,), 2)
+        world.pool.req_to_token.zero_()
+        args = [out_cache_loc, rows.to(device), rows, prefix_lens.to(device), prefix_lens]
+        args += [extend_lens.to(device), extend_lens, extend_lens.to(device), extend_lens]
+        sg.allocation.write_cache_indices(*args, [sg.allocation._EMPTY_PREFIX] * batch, world.pool)
+        return world.pool.req_to_token[1 : batch + 1, :2].cpu()
+
+    for batch, by_pinstage in ((3, True), (4, False), (6, False)):
+        expected = run(batch)
+        calls.clear()
+        with pinstage_sglang.enabled():
+            assert torch.equal(run(batch), expected), batch
+        assert calls == ([1] if by_pinstage else []), batch

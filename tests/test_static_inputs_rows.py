@@ -534,16 +534,19 @@ def test_a_graph_replayed_after_each_stage_reads_the_rows_written(cuda_ring):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = step()
+    graph.replay()  # the first replay may upload the graph: not while the stream must stay busy
     torch.cuda.synchronize()
     rng = seeded_rng("graph")
-    results, expected_out = [], []
-    done = busy(100)
+    steps = []
     for _ in range(8):
-        rows, starts, values = random_writes(FIELDS["block_table"], 32, 8, rng, "list")
+        n = rng.randint(0, 32)
+        steps.append((random_writes(FIELDS["block_table"], 32, 8, rng, "list"), n, step_values(n, rng)))
+    results, expected_out = [], []
+    done = busy(1000)
+    for (rows, starts, values), n, step_vals in steps:
         inputs.write_rows("block_table", rows, starts, values)
         ref.write_rows("block_table", rows, starts, values)
-        n = rng.randint(0, 32)
-        values = step_values(n, rng)
+        values = step_vals
         inputs.stage(values, n)
         ref.stage(values, n)
         graph.replay()

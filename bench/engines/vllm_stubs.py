@@ -51,7 +51,7 @@ class _Platform:
     take their explicit-copy path (NonUvaBuffer) and give CPU tensors to compare with."""
 
     def __init__(self):
-        self.cuda = torch.cuda.is_available()
+        self.cuda = torch.cuda.device_count() > 0  # NVML: no driver call, so that a fork may still use CUDA
         self.device_type = "cuda" if self.cuda else "cpu"
         self.device_name = self.device_type
         self.dispatch_key = "CUDA" if self.cuda else "CPU"
@@ -190,7 +190,7 @@ def _install_stand_ins(root):
         except ImportError:
             _module(name, **stand_in)
             _stand_ins.append(name)
-    if torch.cuda.is_available() and not hasattr(torch.ops._C, "get_cuda_view_from_cpu_tensor"):
+    if torch.cuda.device_count() > 0 and not hasattr(torch.ops._C, "get_cuda_view_from_cpu_tensor"):
         lib = torch.library.Library("_C", "FRAGMENT")
         lib.define("get_cuda_view_from_cpu_tensor(Tensor cpu_tensor) -> Tensor")
         lib.impl("get_cuda_view_from_cpu_tensor", _uva_view, "CPU")
