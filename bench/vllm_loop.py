@@ -408,7 +408,8 @@ def main():
     parser.add_argument(
         "--sizes",
         default=None,
-        help="requests per batch (default 1,8,64,256: at 1024 the untouched pools' race once ended the run with an illegal memory access; docs/integrations.md)",
+        help="requests per batch (default 1,8,64,256: at 1024 the untouched pools' race once ended the run "
+        "with an illegal memory access; docs/integrations.md)",
     )
     parser.add_argument("--rounds", type=int, default=None, help="rounds per size, each mode once a round")
     parser.add_argument("--windows", type=int, default=None, help="windows per mode per round")
