@@ -302,7 +302,8 @@ def test_no_reuse_race_with_overflow():
     during = _stats()
     assert during["in_flight_bytes"] > 0, "copies are queued behind a sleeping kernel, yet nothing is in flight"
     assert during["peak_in_flight_bytes"] >= during["in_flight_bytes"]
-    issue_in_chunks(queued[CHUNK:], records)
+    # Chunks that pin new overflow blocks (cudaHostAlloc, milliseconds each) outlasted an 80 ms sleep once.
+    issue_in_chunks(queued[CHUNK:], records, sleep_ms=300)
     issue_trickling(trickled, records)
     after = _stats()
     check_staged(records)
