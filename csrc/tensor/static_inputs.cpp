@@ -10,6 +10,7 @@
 #include "python/error_prefix.h"
 #include "ring/options.h"
 #include "ring/registry.h"
+#include "tensor/staging_scope.h"
 
 #ifdef PINSTAGE_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -21,8 +22,6 @@
 
 namespace pinstage {
 namespace {
-
-constexpr const char* kStage = "pinstage.StaticInputs.stage";
 
 // `count` copies of the `size`-byte value at `value` written to dst, by doubling copies: the fill of
 // a field of any element size costs a few memcpy calls.
@@ -51,24 +50,6 @@ int64_t rows_arg(PyObject* n, int64_t max_bs) {
   }
   return rows;
 }
-
-// Marks the inputs as being staged (or written) for one stage() or write_rows() call; a second one
-// meanwhile would move the dirty-row mark or the pending writes under the first one.
-class StagingScope {
- public:
-  StagingScope(bool& staging, const char* api) : staging_(staging) {
-    TORCH_CHECK(!staging_, api,
-                ": these inputs are already being staged or written (by Python code that a conversion "
-                "ran, or by another thread); one StaticInputs has one writer; this call changed nothing");
-    staging_ = true;
-  }
-  ~StagingScope() { staging_ = false; }
-  StagingScope(const StagingScope&) = delete;
-  StagingScope& operator=(const StagingScope&) = delete;
-
- private:
-  bool& staging_;
-};
 
 }  // namespace
 
@@ -302,177 +283,7 @@ void StaticInputs::copy_to_host_buffer(FieldValues& data, int64_t n, int64_t las
   cpu_counters().record(written, 0, fallbacks);
 }
 
-// ----------------------------------------------------------------------------- row writes
-
-namespace {
-
-constexpr const char* kWriteRows = "pinstage.StaticInputs.write_rows";
-
-// An int argument (operator.index, not bool) in [lo, hi]; `what` names it in the error.
-int64_t index_in(PyObject* v, int64_t lo, int64_t hi, const char* what) {
-  TORCH_CHECK_TYPE(PyIndex_Check(v) && !PyBool_Check(v), what, " must be an int, got ", Py_TYPE(v)->tp_name);
-  THPObjectPtr index(checked(PyNumber_Index(v)));
-  int overflow = 0;
-  const long long value = PyLong_AsLongLongAndOverflow(index.get(), &overflow);
-  if (value == -1 && PyErr_Occurred()) throw PythonError();
-  if (overflow != 0 || value < lo || value > hi) {
-    THPObjectPtr text(checked(PyObject_Str(index.get())));
-    TORCH_CHECK_VALUE(false, what, " must be between ", lo, " and ", hi, ", got ", PyUnicode_AsUTF8(text.get()));
-  }
-  return value;
-}
-
-// A sequence argument (a list, a numpy array, a tensor: any iterable but text) as a tuple of its
-// own: Python code run later (an __index__) cannot change it.
-THPObjectPtr as_tuple(PyObject* seq, const char* what) {
-  const bool text = PyUnicode_Check(seq) || PyBytes_Check(seq);
-  PyObject* tuple = text ? nullptr : PySequence_Tuple(seq);
-  if (tuple == nullptr) {
-    if (!text && !PyErr_ExceptionMatches(PyExc_TypeError)) throw PythonError();
-    PyErr_Clear();
-    TORCH_CHECK_TYPE(false, kWriteRows, ": ", what, " must be a sequence, got ", Py_TYPE(seq)->tp_name);
-  }
-  return THPObjectPtr(tuple);
-}
-
-}  // namespace
-
-void StaticInputs::write_rows(PyObject* name, PyObject* rows_arg_, PyObject* starts_arg, PyObject* values_arg) {
-  const StagingScope scope(staging_, kWriteRows);
-  TORCH_CHECK_TYPE(PyUnicode_Check(name), kWriteRows, ": the field name must be str, got ", Py_TYPE(name)->tp_name);
-  const auto found = std::find_if(fields_.begin(), fields_.end(),
-                                  [&](const Field& f) { return PyUnicode_Compare(name, f.name.get()) == 0; });
-  if (found == fields_.end()) {
-    if (PyErr_Occurred()) throw PythonError();
-    THPObjectPtr text(checked(PyObject_Repr(name)));
-    TORCH_CHECK_VALUE(false, kWriteRows, ": unknown field ", PyUnicode_AsUTF8(text.get()), " (the fields are ",
-                      field_names(), ")");
-  }
-  const size_t field = static_cast<size_t>(found - fields_.begin());
-  const Field& f = *found;
-  const THPObjectPtr rows = as_tuple(rows_arg_, "rows");
-  const THPObjectPtr starts = as_tuple(starts_arg, "starts");
-  const THPObjectPtr values = as_tuple(values_arg, "values");
-  const Py_ssize_t count = PyTuple_GET_SIZE(values.get());
-  TORCH_CHECK_VALUE(PyTuple_GET_SIZE(rows.get()) == count && PyTuple_GET_SIZE(starts.get()) == count, kWriteRows, ": ",
-                    f.label(), ": rows, starts and values must have one entry per write, got ",
-                    PyTuple_GET_SIZE(rows.get()), ", ", PyTuple_GET_SIZE(starts.get()), " and ", count);
-  // Appended in place and cut back on any error: nothing of a failed call is kept.
-  const size_t kept = pending_.size();
-  const size_t kept_bytes = pending_bytes_.size();
-  const size_t element = c10::elementSize(f.dtype);
-  try {
-    for (Py_ssize_t i = 0; i < count; ++i) {
-      // Built only for an error: a step writes many rows.
-      const auto where = [&] { return std::string(kWriteRows) + ": " + f.label() + ": write " + std::to_string(i); };
-      int64_t row = 0, start = 0;
-      with_error_prefix(where, [&] {
-        row = index_in(PyTuple_GET_ITEM(rows.get(), i), 0, max_bs_ - 1, "row");
-        start = index_in(PyTuple_GET_ITEM(starts.get(), i), 0, f.row_numel, "start");
-      });
-      with_error_prefix(
-          [&] { return where() + " (row " + std::to_string(row) + ", start " + std::to_string(start) + ")"; },
-          [&] {
-            ItemPlan plan = plan_item(PyTuple_GET_ITEM(values.get(), i), f.dtype);
-            TORCH_CHECK_VALUE(plan.shape.size() == 1, "values must be a 1-D sequence, got shape ",
-                              c10::IntArrayRef(plan.shape));
-            TORCH_CHECK_VALUE(plan.numel <= f.row_numel - start, plan.numel, " values from element ", start,
-                              " run past the row's ", f.row_numel, " elements (row shape ",
-                              c10::IntArrayRef(f.row_shape), ")");
-            const size_t src = align_up(pending_bytes_.size(), kStagingAlignment);
-            pending_bytes_.resize(src + plan.nbytes);
-            write_fresh_item(plan, plan.nbytes > 0 ? pending_bytes_.data() + src : nullptr);
-            const size_t dst = f.offset + static_cast<size_t>(row) * f.row_bytes + static_cast<size_t>(start) * element;
-            pending_.push_back(PendingWrite{field, row, dst, src, plan.nbytes});
-          });
-    }
-  } catch (...) {
-    pending_.resize(kept);
-    pending_bytes_.resize(kept_bytes);
-    throw;
-  }
-  for (size_t k = kept; k < pending_.size(); ++k) {
-    if (f.persistent) {
-      ++persistent_writes_;
-    } else if (field == last_staged_) {
-      pending_last_rows_ = std::max(pending_last_rows_, pending_[k].row + 1);
-    }
-  }
-}
-
 #ifdef PINSTAGE_WITH_CUDA
-// Packed writes: records (every group one write of at most kRecordValues bytes), else
-// [RowWriteOp per write, in plan order][group starts][the writes' values as pending_bytes_ holds them].
-namespace {
-
-size_t contents_at(size_t writes) {
-  return align_up(writes * sizeof(RowWriteOp) + (writes + 1) * sizeof(uint32_t), kStagingAlignment);
-}
-
-}  // namespace
-
-StaticInputs::WritePlan StaticInputs::plan_writes() const {
-  // One block per group, and a grid has at most 2**31 - 1 of them.
-  TORCH_CHECK(persistent_writes_ < (size_t{1} << 31), kStage, ": ", persistent_writes_,
-              " row writes in one stage; at most 2**31 - 1 are applied at once");
-  WritePlan plan;
-  plan.order.reserve(persistent_writes_);
-  size_t longest = 0;
-  for (size_t k = 0; k < pending_.size(); ++k) {
-    if (!fields_[pending_[k].field].persistent) continue;
-    plan.order.push_back(static_cast<uint32_t>(k));
-    longest = std::max(longest, pending_[k].nbytes);
-  }
-  // The writes into one row stay in call order, in one group: a block applies them one after another.
-  std::stable_sort(plan.order.begin(), plan.order.end(), [&](uint32_t a, uint32_t b) {
-    const PendingWrite& x = pending_[a];
-    const PendingWrite& y = pending_[b];
-    return x.field != y.field ? x.field < y.field : x.row < y.row;
-  });
-  for (size_t j = 0; j < plan.order.size(); ++j) {
-    const PendingWrite& w = pending_[plan.order[j]];
-    const PendingWrite* before = j > 0 ? &pending_[plan.order[j - 1]] : nullptr;
-    if (before == nullptr || before->field != w.field || before->row != w.row) ++plan.groups;
-  }
-  plan.records = plan.groups == plan.order.size() && longest <= kRecordValues;
-  plan.bytes = plan.records ? plan.order.size() * kRecordBytes : contents_at(plan.order.size()) + pending_bytes_.size();
-  return plan;
-}
-
-RowWriteParams StaticInputs::pack_writes(const WritePlan& plan, uint8_t* packed, uint8_t* allocation) const {
-  RowWriteParams params{allocation, nullptr, nullptr, nullptr, nullptr, plan.groups};
-  const size_t count = plan.order.size();
-  if (plan.records) {
-    auto* records = reinterpret_cast<RowWriteRecord*>(packed);
-    for (size_t j = 0; j < count; ++j) {
-      const PendingWrite& w = pending_[plan.order[j]];
-      records[j].dst = w.dst;
-      records[j].nbytes = w.nbytes;
-      if (w.nbytes > 0) std::memcpy(records[j].values, pending_bytes_.data() + w.src, w.nbytes);
-    }
-    params.records = records;
-    return params;
-  }
-  auto* ops = reinterpret_cast<RowWriteOp*>(packed);
-  auto* starts = reinterpret_cast<uint32_t*>(packed + count * sizeof(RowWriteOp));
-  uint32_t group = 0;
-  for (size_t j = 0; j < count; ++j) {
-    const PendingWrite& w = pending_[plan.order[j]];
-    ops[j] = RowWriteOp{w.dst, w.src, w.nbytes};
-    const PendingWrite* before = j > 0 ? &pending_[plan.order[j - 1]] : nullptr;
-    if (before == nullptr || before->field != w.field || before->row != w.row) {
-      starts[group++] = static_cast<uint32_t>(j);
-    }
-  }
-  starts[group] = static_cast<uint32_t>(count);
-  if (!pending_bytes_.empty()) std::memcpy(packed + contents_at(count), pending_bytes_.data(), pending_bytes_.size());
-  params.ops = ops;
-  // Every group one write: the kernel skips the group starts, one trip over the bus less.
-  params.group_starts = plan.groups == count ? nullptr : starts;
-  params.contents = packed + contents_at(count);
-  return params;
-}
-
 void* StaticInputs::record_on(const c10::cuda::CUDAStream& stream) {
   check_storage_intact();
   if (stream != *allocation_stream_ &&
