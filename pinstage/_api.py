@@ -160,7 +160,7 @@ class Stats(TypedDict):
     wraps: int  # times the ring's allocation went back to its start
     events_created: int  # CUDA events made (none in steady state)
     event_records: int  # cudaEventRecord calls (one per 32 regions or fewer)
-    event_queries: int  # cudaEventQuery calls (one per fence seen done)
+    event_queries: int  # cudaEventQuery calls, ready or not (about one per fence)
     overflow_reserved_bytes: int  # pinned overflow blocks kept now
     overflow_peak_reserved_bytes: int  # ... at most
     overflow_in_flight_bytes: int  # ... in use by copies

@@ -774,8 +774,8 @@ def test_an_idle_gpu_costs_one_event_query_per_fence_not_per_region():
     pinstage.stage_to_device(data[0], torch.int64)
     torch.cuda.synchronize()
     before = _stats()
-    calls = 0
-    for _ in range(20):
+    calls, rounds = 0, 20
+    for _ in range(rounds):
         for d in data:
             pinstage.stage_to_device(d, torch.int64)
             calls += 1
@@ -784,8 +784,13 @@ def test_an_idle_gpu_costs_one_event_query_per_fence_not_per_region():
     queries = after["event_queries"] - before["event_queries"]
     records = after["event_records"] - before["event_records"]
     assert records >= calls // 32 - 1, (records, calls)
-    # One query per fence (the snapshot in _stats() may ask once more), never one per region.
-    assert queries <= records + 2, "%d cudaEventQuery for %d fences over %d stagings" % (queries, records, calls)
+    # About one query per fence, never one per region: a round may also ask once about a fence whose
+    # copy went out microseconds before ("not ready"), and the snapshot in _stats() once more.
+    assert queries <= records + rounds + 2, "%d cudaEventQuery for %d fences over %d stagings" % (
+        queries,
+        records,
+        calls,
+    )
 
 
 def test_device_resolution():

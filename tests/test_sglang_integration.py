@@ -449,33 +449,43 @@ def test_write_cache_indices_leaves_other_prefix_dtypes_to_sglang(sg, device, mo
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_write_cache_indices_leaves_large_batches_to_sglang(sg, device, monkeypatch):
-    """From SGLANG_FROM requests on, SGLang's own function writes the table (pinstage's op measured
-    no faster there); below, pinstage's op: the same rows either way."""
+def test_write_cache_indices_leaves_large_batches_to_sglangs_triton_kernel(sg, device, monkeypatch):
+    """From SGLANG_FROM requests on, SGLang's own function writes the table where it would run its
+    Triton kernel (pinstage's op measured no faster there); below, or where SGLang would loop over
+    the requests, pinstage's op. The table is the same either way."""
     from bench.engines import sglang_stubs
     from pinstage.integrations import _sglang_cache
 
-    calls = []
-    builder = _sglang_cache.pinstage_write_cache_indices
-    monkeypatch.setattr(
-        _sglang_cache, "pinstage_write_cache_indices", lambda *a, **k: calls.append(1) or builder(*a, **k)
-    )
     monkeypatch.setattr(_sglang_cache, "SGLANG_FROM", 4)
+    world = sglang_stubs.SchedulerWorld(sg, device)
+    table_write = type(world.pool).write
 
-    def run(batch):
-        world = sglang_stubs.SchedulerWorld(sg, device)
+    def args(batch):
         out_cache_loc = world.allocator.alloc(2 * batch)
         rows = torch.arange(1, batch + 1)
         prefix_lens, extend_lens = torch.zeros(batch, dtype=torch.int64), torch.full((batch,), 2)
-        world.pool.req_to_token.zero_()
-        args = [out_cache_loc, rows.to(device), rows, prefix_lens.to(device), prefix_lens]
-        args += [extend_lens.to(device), extend_lens, extend_lens.to(device), extend_lens]
-        sg.allocation.write_cache_indices(*args, [sg.allocation._EMPTY_PREFIX] * batch, world.pool)
-        return world.pool.req_to_token[1 : batch + 1, :2].cpu()
+        out = [out_cache_loc, rows.to(device), rows, prefix_lens.to(device), prefix_lens]
+        out += [extend_lens.to(device), extend_lens, extend_lens.to(device), extend_lens]
+        return out + [[sg.allocation._EMPTY_PREFIX] * batch, world.pool], out_cache_loc
 
-    for batch, by_pinstage in ((3, True), (4, False), (6, False)):
-        expected = run(batch)
-        calls.clear()
-        with pinstage_sglang.enabled():
-            assert torch.equal(run(batch), expected), batch
-        assert calls == ([1] if by_pinstage else []), batch
+    for uses_triton in (True, False):
+        for batch, to_sglang in ((3, False), (4, uses_triton), (6, uses_triton)):
+            called = []
+            write = _sglang_cache.make_write_cache_indices(
+                lambda *a: called.append(a), table_write, lambda: uses_triton
+            )
+            world.pool.req_to_token.zero_()
+            call_args, loc = args(batch)
+            write(*call_args)
+            assert bool(called) == to_sglang, (uses_triton, batch)
+            if not to_sglang:
+                got = world.pool.req_to_token[1 : batch + 1, :2].cpu()
+                assert torch.equal(got, loc.view(batch, 2).to(got.dtype).cpu()), (uses_triton, batch)
+    # Installed by enable(), the replacement asks SGLang's own support_triton(attention_backends()):
+    # whichever way it answers here, the table is SGLang's.
+    with pinstage_sglang.enabled():
+        world.pool.req_to_token.zero_()
+        call_args, loc = args(6)
+        sg.allocation.write_cache_indices(*call_args)
+    got = world.pool.req_to_token[1:7, :2].cpu()
+    assert torch.equal(got, loc.view(6, 2).to(got.dtype).cpu())

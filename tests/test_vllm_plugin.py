@@ -314,6 +314,22 @@ def test_uva_buffer_pool_copy_to_gpu_gives_rows_of_its_own_every_call(vllm, enab
 
 
 @pytest.mark.cuda
+def test_unchanged_rows_are_not_given_to_another_stream(vllm, enabled):
+    """The rows staged on one stream are given again only on that stream: another stream's kernels
+    would read them unrecorded by the caching allocator, which could hand their memory on."""
+    backed = vllm.buffer_utils.UvaBackedTensor(32, torch.int32)
+    backed.np[:] = np.arange(32, dtype=np.int32)
+    on_default = backed.copy_to_uva()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        on_side = backed.copy_to_uva()
+        assert backed.copy_to_uva() is on_side
+    assert on_side is not on_default
+    torch.cuda.synchronize()
+    assert_same_tensor(on_side.cpu(), torch.arange(32, dtype=torch.int32))
+
+
+@pytest.mark.cuda
 def test_repeated_values_in_flight_read_right(vllm, enabled):
     """Steps in flight whose host array repeats, changes and changes back: each step's kernel reads
     that step's values, also where its rows are the ones an earlier step staged."""

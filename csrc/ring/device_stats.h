@@ -25,7 +25,7 @@ namespace pinstage {
   X(wraps)                        /* times the ring's allocation went back to its start */         \
   X(events_created)               /* CUDA events made (none in steady state) */                    \
   X(event_records)                /* cudaEventRecord calls (one per 32 regions or fewer) */        \
-  X(event_queries)                /* cudaEventQuery calls (one per fence seen done) */             \
+  X(event_queries)                /* cudaEventQuery calls, ready or not (~1 per fence) */          \
   X(overflow_reserved_bytes)      /* pinned overflow blocks kept now */                            \
   X(overflow_peak_reserved_bytes) /* ... at most */                                                \
   X(overflow_in_flight_bytes)     /* ... in use by copies */                                       \

@@ -6,8 +6,9 @@ write_cache_indices plans the batch from the host copies SGLang already passes i
 stages everything in one copy and fills the same req_to_token entries with one kernel, on the CPU
 and on CUDA alike. A pool that writes its table its own way (a subclass overriding `write`), or
 tensors of other dtypes than SGLang's usual ones, go to SGLang's function. So do batches of
-SGLANG_FROM requests or more: there pinstage's op measured no faster than SGLang's on the H200
-(1.03-1.14x at 256 and 1024 requests in one run, 0.92-1.04x in another; docs/integrations.md).
+SGLANG_FROM requests or more where SGLang uses its Triton kernel: there pinstage's op measured no
+faster than SGLang's on the H200 (1.03x and 1.14x at 256 and 1024 requests at f655362, 0.92x and 1.04x
+at eb0aac5; bench/results/h200/sglang_host.json in git history; docs/integrations.md).
 """
 
 import torch
@@ -17,8 +18,10 @@ from pinstage.builders import write_cache_indices as pinstage_write_cache_indice
 SGLANG_FROM = 256  # requests per call from which SGLang's own function is the faster or as fast
 
 
-def make_write_cache_indices(sglang_write_cache_indices, table_write):
-    """The function to install; `table_write` is ReqToTokenPool.write, the plain table store."""
+def make_write_cache_indices(sglang_write_cache_indices, table_write, sglang_uses_triton):
+    """The function to install; `table_write` is ReqToTokenPool.write, the plain table store;
+    `sglang_uses_triton()` says whether SGLang's function would run its Triton kernel (else it loops
+    over the requests with .item() reads, which pinstage's op beats at every size)."""
 
     def write_cache_indices(
         out_cache_loc,
@@ -53,7 +56,7 @@ def make_write_cache_indices(sglang_write_cache_indices, table_write):
             type(req_to_token_pool).write is not table_write
             or table.dtype != torch.int32
             or out_cache_loc.dtype != torch.int64
-            or len(req_pool_indices_cpu) >= SGLANG_FROM
+            or (len(req_pool_indices_cpu) >= SGLANG_FROM and sglang_uses_triton())
         ):
             return sglang_own()
         # The requests without a cached prefix share SGLang's one empty CPU tensor, which the op

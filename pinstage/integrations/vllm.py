@@ -131,12 +131,15 @@ def _pool_rows(pool, x, reuse=False):
     copy_to_gpu's caller owns its result (vLLM gives a clone) and may write it: never reused."""
     key = None
     if reuse and type(x) is np.ndarray and x.nbytes <= _REUSE_BYTES:
-        # first, as it is most calls: a key equal to the stored one passed every check below
-        key = (_pool_device, x.dtype, x.shape, x.tobytes())
+        # first, as it is most calls: a key equal to the stored one passed every check below. The
+        # stream is part of it: rows given to another stream's kernels could be freed under them.
+        on_cuda = _pool_device is not None and _pool_device.type == "cuda"
+        stream = torch.cuda.current_stream(_pool_device).cuda_stream if on_cuda else None
+        key = (_pool_device, stream, x.dtype, x.shape, x.tobytes())
         last = pool.__dict__.get(_LAST)
         # a capturing stream gets vLLM's own pool, as a staging would (a graph must not keep rows
         # that the next change lets go)
-        if last is not None and last[0] == key and not (_pool_device.type == "cuda" and _capturing()):
+        if last is not None and last[0] == key and not (on_cuda and _capturing()):
             return last[1]
     if pool.dtype not in _DTYPES or not _host_data(x) or _pool_device is None:
         return None
