@@ -160,12 +160,19 @@ void StaticInputs::stage(PyObject* values, PyObject* n_arg, PyObject* stream) {
   // The copy's extent depends on n and the pending writes alone, so the region is taken first and
   // each field is converted straight into it.
   const int64_t last_rows = std::max({n, dirty_rows_, pending_last_rows_});
-  if (device_.is_cpu()) {
-    copy_to_host_buffer(data, n, last_rows, bytes_through(last_rows));
-  } else {
+  try {
+    if (device_.is_cpu()) {
+      copy_to_host_buffer(data, n, last_rows, bytes_through(last_rows));
+    } else {
 #ifdef PINSTAGE_WITH_CUDA
-    copy_to_device(data, n, last_rows, bytes_through(last_rows), *target.stream);
+      copy_to_device(data, n, last_rows, bytes_through(last_rows), *target.stream);
 #endif
+    }
+  } catch (...) {
+    // A failure after the copy was enqueued (the row-write kernel's launch, the fence) leaves this
+    // step's n rows written: the next stage refills them, whatever happened.
+    dirty_rows_ = std::max(dirty_rows_, n);
+    throw;
   }
   dirty_rows_ = std::max(n, pending_last_rows_);
   clear_writes();
