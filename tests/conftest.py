@@ -13,24 +13,29 @@ from bench.engines.source import Unavailable  # noqa: E402
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: large sizes (1M elements); deselect with -m 'not slow'")
-    config.addinivalue_line("markers", "cuda: needs a CUDA device; skipped where none is visible")
+    config.addinivalue_line("markers", "cuda(devices=1): needs that many CUDA devices; skipped where fewer are visible")
 
 
 @functools.cache
-def _has_cuda():
+def _cuda_devices():
     import torch
 
-    return torch.cuda.is_available()
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item):
-    """A cuda-marked test skips where no GPU is visible, before its fixtures run. The skip is raised
-    here, not added as a mark, so that the summary folds every such skip into one line
+    """A cuda-marked test skips where fewer GPUs than it asks for are visible, before its fixtures
+    run. The skip is raised here, not added as a mark, so that the summary folds every such skip into one line
     ("SKIPPED [N] tests/conftest.py:..."); other skip reasons keep their own lines. An engine's
     source that is not here skips the tests that run it (their fixtures load it)."""
-    if item.get_closest_marker("cuda") is not None and not _has_cuda():
-        pytest.skip("needs a CUDA device (torch.cuda.is_available() is False)")
+    marker = item.get_closest_marker("cuda")
+    if marker is not None:
+        need = marker.kwargs.get("devices", 1)
+        if _cuda_devices() == 0:
+            pytest.skip("needs a CUDA device (torch.cuda.is_available() is False)")
+        if _cuda_devices() < need:
+            pytest.skip("needs %d CUDA devices (%d visible)" % (need, _cuda_devices()))
     try:
         return (yield)
     except Unavailable as why:

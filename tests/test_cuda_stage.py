@@ -807,7 +807,7 @@ def test_device_resolution():
     assert pinstage.stage_to_device([1], torch.int64, stream).device == stream.device
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.cuda(devices=2)
 def test_stream_device_wins_over_current_device():
     with torch.cuda.device(0):
         stream = torch.cuda.Stream(device=1)

@@ -9,7 +9,7 @@ from threads import run_in_threads
 import pinstage
 from pinstage.builders import BatchState, Request, build_decode_inputs, write_cache_indices
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")]
+pytestmark = pytest.mark.cuda(devices=2)
 
 SMALL_RING = 4096
 DEVICES = [torch.device("cuda", 0), torch.device("cuda", 1)]
