@@ -64,19 +64,33 @@ def check(what, measured, need, ok, detail=""):
     return {"check": what, "measured": measured, "need": need, "ok": ok, "detail": detail}
 
 
+def check_line(c):
+    """One check as '[met] what: measured (need ...); detail'."""
+    verdict = {True: "met", False: "MISSED", None: "not measured"}[c["ok"]]
+    m = c["measured"]
+    measured = "-" if m is None else ("%.3g" % m if isinstance(m, float) else str(m))
+    line = "[%s] %s: %s (need %s)" % (verdict, c["check"], measured, c["need"])
+    return line + "; " + c["detail"] if c.get("detail") else line
+
+
 def print_checks(checks):
     if not checks:
         return
     print()
     print("Checks")
     for c in checks:
-        verdict = {True: "met", False: "MISSED", None: "not measured"}[c["ok"]]
-        m = c["measured"]
-        measured = "-" if m is None else ("%.3g" % m if isinstance(m, float) else str(m))
-        line = "  [%s] %s: %s (need %s)" % (verdict, c["check"], measured, c["need"])
-        if c.get("detail"):
-            line += "; " + c["detail"]
-        print(line)
+        print("  " + check_line(c))
+
+
+def markdown_table(rows):
+    """A header row and data rows as a markdown table (the first column left-aligned, the rest right)."""
+    cells = [[str(c) for c in row] for row in rows]
+    lines = ["| " + " | ".join(cells[0]) + " |", "|" + "|".join(["---"] + ["---:"] * (len(cells[0]) - 1)) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in cells[1:]])
+
+
+def markdown_checks(checks):
+    return "\n".join("- " + check_line(c) for c in checks)
 
 
 def write_json(path, report):

@@ -29,7 +29,7 @@ import _report  # noqa: E402
 import _timing  # noqa: E402
 import torch  # noqa: E402
 from microbench import MAX_QUEUED_COPIES, GpuBusy, ratio  # noqa: E402
-from static_inputs import device_sample, host_sample  # noqa: E402
+from static_inputs import measure_cell  # noqa: E402
 
 from pinstage import Field, StaticInputs  # noqa: E402
 
@@ -109,36 +109,6 @@ def cycling(table, steps):
         table.step(rows, starts, values)
 
     return call
-
-
-def measure_cell(calls, repeats, loop_steps, busy, warmup):
-    """Host and device us per step of each method (static_inputs.py's samplers)."""
-    per_step = {name: _timing.estimate_call_ns(call, 200_000) / 1000.0 for name, call in calls.items()}
-    sleep_us = busy.sleep_us_for(loop_steps * max(per_step.values()))
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(loop_steps)]
-    host = {name: [] for name in calls}
-    device = {name: [] for name in calls}
-    covered = {name: 0 for name in calls}
-    with _timing.GcPaused():
-        for _ in range(warmup):
-            for call in calls.values():
-                host_sample(call, loop_steps, busy, sleep_us)
-                device_sample(call, loop_steps, busy, sleep_us, events)
-        for round_index in range(repeats):
-            for name in _timing.rotated(list(calls), round_index):
-                us, ok = host_sample(calls[name], loop_steps, busy, sleep_us)
-                host[name].append(us)
-                covered[name] += ok
-                device[name].append(device_sample(calls[name], loop_steps, busy, sleep_us, events))
-    return {
-        name: {
-            "host": _timing.summarize_ns([v * 1000.0 for v in host[name]]),
-            "device": _timing.summarize_ns([v * 1000.0 for v in device[name]]),
-            "loops_covered": covered[name],
-            "loops": repeats,
-        }
-        for name in calls
-    }
 
 
 def race(make, shape, k, busy, device):
@@ -232,12 +202,6 @@ def table_rows(report, section):
     return rows
 
 
-def markdown(rows):
-    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "|".join(["---"] + ["---:"] * (len(rows[0]) - 1)) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
-    return "\n".join(lines)
-
-
 def checks(report):
     out = []
     for c in report["sections"].get("gpu", []):
@@ -322,7 +286,7 @@ def main(argv=None):
     path = os.path.join(args.out, "row_writes.md")
     with open(path, "w") as f:
         f.write("Host and device us per step (medians); wrong values over %d snapshots in the race.\n\n" % RACE_STEPS)
-        f.write(markdown(rows) + "\n")
+        f.write(_report.markdown_table(rows) + "\n")
     print("wrote %s" % path)
     return 0
 

@@ -501,12 +501,7 @@ def markdown(rows, meta, settings, checks):
         "Replaced by the fixed forward: %s. Not run: %s." % (REPLACED, NOT_RUN),
         "",
     ]
-    table = table_rows(rows)
-    lines.append("| " + " | ".join(str(c) for c in table[0]) + " |")
-    lines.append("|" + "---|" * len(table[0]))
-    for line in table[1:]:
-        lines.append("| " + " | ".join(str(c) for c in line) + " |")
-    lines.append("")
+    lines += [_report.markdown_table(table_rows(rows)), ""]
     syncs = [(row, sync_text(row)) for row in rows]
     if any(text for _, text in syncs):
         lines.append(
@@ -516,12 +511,7 @@ def markdown(rows, meta, settings, checks):
         for row, text in syncs:
             lines.append("- bs %d, forward %g ms: %s" % (row["batch_size"], row["forward_ms"], text))
         lines.append("")
-    for c in checks:
-        verdict = {True: "met", False: "MISSED", None: "not measured"}[c["ok"]]
-        lines.append(
-            "- [%s] %s: %s (need %s)%s"
-            % (verdict, c["check"], c["measured"], c["need"], "; " + c["detail"] if c["detail"] else "")
-        )
+    lines.append(_report.markdown_checks(checks))
     return "\n".join(lines) + "\n"
 
 

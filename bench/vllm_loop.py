@@ -532,22 +532,14 @@ def main():
             % (meta["gpu"] or "CPU smoke", meta["torch"], meta["date"])
         )
         f.write("Command: `%s`\n\n" % meta["command"])
-        f.write("| " + " | ".join(map(str, table[0])) + " |\n|" + "---|" * len(table[0]) + "\n")
-        for line in table[1:]:
-            f.write("| " + " | ".join(map(str, line)) + " |\n")
+        f.write(_report.markdown_table(table) + "\n")
         f.write(
             "\nHost us per step: median [min-max] of %d rounds' means (%d windows of %d steps per mode a round, "
             "modes alternating; the ratio per round). Wrong values: read by the device and not what the host "
             "wrote for that step. Windows all in flight (vLLM, pinstage): the device had not read the window's "
             "first step when the host had prepared its last.\n\n" % (args.rounds, args.windows, args.in_flight)
         )
-        for c in checks:
-            verdict = {True: "met", False: "MISSED", None: "not measured"}[c["ok"]]
-            m = "%.2f" % c["measured"] if isinstance(c["measured"], float) else c["measured"]
-            f.write(
-                "- [%s] %s: %s (need %s)%s\n"
-                % (verdict, c["check"], m, c["need"], "; " + c["detail"] if c["detail"] else "")
-            )
+        f.write(_report.markdown_checks(checks) + "\n")
     print("wrote %s" % os.path.join(args.out, "vllm_loop.md"))
     _report.plot_panels(
         os.path.join(args.out, "vllm_loop.png"),

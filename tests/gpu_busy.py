@@ -24,3 +24,19 @@ def assert_still_busy(done, what):
     # Not an assertion about pinstage: it guards the test's premise (work was issued while the GPU
     # was busy). If it fires, the sleep is too short for this machine; lengthen it.
     assert not done.query(), "the GPU finished its sleep before %s; the test proved nothing" % what
+
+
+def captured(step, warmups=3):
+    """(graph, outputs): `step` run a few times on a side stream (the allocator's warm-up, as torch's
+    graph docs advise), then captured once; replaying the graph reruns it on the same tensors."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = step()
+    torch.cuda.synchronize()
+    return graph, outputs

@@ -10,7 +10,7 @@ copy ran, or a host wait, shows up as a wrong value or a finished sleep.
 import numpy as np
 import pytest
 import torch
-from gpu_busy import assert_still_busy, busy
+from gpu_busy import assert_still_busy, busy, captured
 from staging_reference import assert_error_names, assert_same_tensor, assert_views, expected, natural_values, seeded_rng
 from support import DEVICES
 
@@ -483,16 +483,7 @@ def test_graph_captured_on_the_views_replays_each_stage(cuda_ring):
             inputs["top_ks"].clamp(max=1 << 20),
         )
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = step()
-    torch.cuda.synchronize()
+    graph, outs = captured(step)
 
     rng = seeded_rng("graph")
     results, expected = [], []

@@ -9,7 +9,7 @@ tensors: stage() as in test_static_inputs, then each write as
 import numpy as np
 import pytest
 import torch
-from gpu_busy import assert_still_busy, busy
+from gpu_busy import assert_still_busy, busy, captured
 from staging_reference import assert_error_names, assert_views, expected, seeded_rng
 from support import DEVICES
 
@@ -525,16 +525,7 @@ def test_a_graph_replayed_after_each_stage_reads_the_rows_written(cuda_ring):
     def step():
         return (inputs["block_table"].long() * weights).sum(1) + inputs["input_ids"]
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
-    torch.cuda.synchronize()
+    graph, out = captured(step)
     rng = seeded_rng("graph")
     steps = []
     for _ in range(8):

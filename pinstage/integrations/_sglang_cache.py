@@ -23,34 +23,15 @@ def make_write_cache_indices(sglang_write_cache_indices, table_write, sglang_use
     `sglang_uses_triton()` says whether SGLang's function would run its Triton kernel (else it loops
     over the requests with .item() reads, which pinstage's op beats at every size)."""
 
-    def write_cache_indices(
-        out_cache_loc,
-        req_pool_indices_tensor,
-        req_pool_indices_cpu,
-        prefix_lens_tensor,
-        prefix_lens_cpu,
-        seq_lens_tensor,
-        seq_lens_cpu,
-        extend_lens_tensor,
-        extend_lens_cpu,
-        prefix_tensors,
-        req_to_token_pool,
-    ):
+    def write_cache_indices(*args, **kwargs):
         def sglang_own():
-            return sglang_write_cache_indices(
-                out_cache_loc,
-                req_pool_indices_tensor,
-                req_pool_indices_cpu,
-                prefix_lens_tensor,
-                prefix_lens_cpu,
-                seq_lens_tensor,
-                seq_lens_cpu,
-                extend_lens_tensor,
-                extend_lens_cpu,
-                prefix_tensors,
-                req_to_token_pool,
-            )
+            return sglang_write_cache_indices(*args, **kwargs)
 
+        if kwargs or len(args) != 11:  # SGLang passes its 11 arguments by position
+            return sglang_own()
+        # The device copies (SGLang's Triton kernel reads them) are not needed: the op reads the host ones.
+        out_cache_loc, _, req_pool_indices_cpu, _, prefix_lens_cpu, _, seq_lens_cpu, _, extend_lens_cpu = args[:9]
+        prefix_tensors, req_to_token_pool = args[9:]
         table = req_to_token_pool.req_to_token
         if (
             type(req_to_token_pool).write is not table_write
