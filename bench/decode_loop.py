@@ -32,7 +32,8 @@ values come from and how they reach the device (the table's legend says which pa
 "numpy state" is BatchState's columns (written when a request joins, compacted when requests leave);
 "request objects" is a Python gather over the running requests each step. Prefill inputs and the
 tokens' keep indices go through the list builders of the backend's kind (blocking, pinned or
-pinstage); the ideals replay them. Rows past the batch must hold the padding row's address: the
+pinstage: the pinstage backends stage the prompt lists, the logits indices and the sampling batch in
+one stage_many); the ideals replay them. Rows past the batch must hold the padding row's address: the
 per-field backends fill the three address fields there with device fills when the batch shrinks,
 StaticInputs writes every field's fill in its one copy. Each backend runs --repeats times, in an
 order rotated between rounds; medians and min-max are reported, and the gains of one step at a time
@@ -71,10 +72,11 @@ from _decode_model import (  # noqa: E402
 import pinstage  # noqa: E402
 from pinstage.builders import (  # noqa: E402
     BatchState,
+    LogprobIndices,
     Request,
     SamplingParams,
-    build_logprob_indices,
-    build_sampling_batch,
+    logprob_index_tensors,
+    sampling_fields,
     write_cache_indices,
 )
 
@@ -326,27 +328,28 @@ class Loop:
         rows, prefix_lens, extend_lens, seq_lens, starts, token_rows, positions, ids, locations = self.prefill_values(
             new
         )
-        ids, rows_d, pos_d, loc_d, req_rows, seq_d = self.stage(
-            [
-                (ids, torch.int64),
-                (token_rows, torch.int64),
-                (positions, torch.int64),
-                (locations, torch.int64),
-                (rows, torch.int64),
-                (seq_lens, torch.int64),
-            ]
-        )
+        lists = [(v, torch.int64) for v in (ids, token_rows, positions, locations, rows, seq_lens)]
         lens, starts = (np.array(extend_lens), np.array(starts)) if self.state is not None else (extend_lens, starts)
         params = [r.spec.params for r in new]
+        if b == "pinstage":
+            # Everything the prefill reads, staged together: one ring region, one copy.
+            index_tensors = logprob_index_tensors(lens, starts)
+            fields, sampling_batch = sampling_fields(params)
+            staged = pinstage.stage_many(
+                lists + [(t, torch.int64) for t in index_tensors] + [(v, dtype) for _, v, dtype in fields],
+                device=self.dev,
+            )
+            indices, batch = LogprobIndices(*staged[6:10]), sampling_batch(staged[10:])
+        else:
+            staged = self.stage(lists)
+            indices = baseline.build_logprob_indices(lens, starts, b, self.dev)
+            batch = baseline.build_sampling_batch(params, b, self.dev)
+        ids, rows_d, pos_d, loc_d, req_rows, seq_d = staged[:6]
         prefixes = [r.prefix_slots for r in new]
         cache_args = (m.req_to_token, rows, prefixes, prefix_lens, seq_lens, extend_lens, loc_d)
         if b == "pinstage":
-            indices = build_logprob_indices(lens, starts, device=self.dev)
-            batch = build_sampling_batch(params, device=self.dev)
             write_cache_indices(*cache_args)
         else:
-            indices = baseline.build_logprob_indices(lens, starts, b, self.dev)
-            batch = baseline.build_sampling_batch(params, b, self.dev)
             baseline.write_cache_indices(*cache_args, b)
         return PrefillInputs(
             ids, rows_d, pos_d, loc_d, req_rows, seq_d, indices, batch, cache_rows=(rows, prefixes, extend_lens, loc_d)

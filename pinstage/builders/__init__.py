@@ -6,12 +6,15 @@ Two shapes that give equal tensors:
 - Builders over a list of request objects (SGLang's shape, drop-in: SGLang's own Req and
   SamplingParams are accepted as they are; protocols.py lists the fields each builder reads): a Python gather plus one
   stage_many.
+A prefill's builders split in two where its values should share one copy with other lists:
+logprob_index_tensors and sampling_fields give the validated host values (and how to assemble the
+result), which the caller stages with the rest in one stage_many.
 """
 
 from .batch_state import BatchState
 from .cache import write_cache_indices
 from .decode import DecodeInputs, build_decode_inputs, build_penalty_last_token_ids, last_token_ids
-from .logits import LogprobIndices, build_logprob_indices
+from .logits import LogprobIndices, build_logprob_indices, logprob_index_tensors
 from .protocols import (
     BatchRequest,
     DecodeRequest,
@@ -24,7 +27,7 @@ from .protocols import (
     TokenHistory,
 )
 from .requests import TOP_K_ALL, Request, SamplingParams
-from .sampling import DEFAULT_SAMPLING_SEED, SamplingBatch, build_sampling_batch
+from .sampling import DEFAULT_SAMPLING_SEED, SamplingBatch, build_sampling_batch, sampling_fields
 from .static_step import BATCH_STATE_FIELDS, batch_static_inputs
 
 __all__ = [
@@ -52,5 +55,7 @@ __all__ = [
     "build_penalty_last_token_ids",
     "build_sampling_batch",
     "last_token_ids",
+    "logprob_index_tensors",
+    "sampling_fields",
     "write_cache_indices",
 ]

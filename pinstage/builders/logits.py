@@ -51,7 +51,7 @@ def logprob_index_tensors(
     if lens.size:
         if lens.dtype.kind not in "iu" or starts.dtype.kind not in "iu":
             _raise_first_invalid(extend_seq_lens, extend_logprob_start_lens)  # as given: numpy made them one type
-        if max(lens.max(), starts.max()) > _INT64_MAX:
+        if np.uint64 in (lens.dtype, starts.dtype) and max(lens.max(), starts.max()) > _INT64_MAX:
             _raise_first_invalid(lens.tolist(), starts.tolist())
     # The index arithmetic is one pass in C++ (numpy's ~20 whole-array operations cost more than the
     # staging at small batches).
