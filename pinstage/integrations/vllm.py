@@ -120,6 +120,12 @@ _LAST = "_pinstage_last_rows"  # the pool's attribute: ((device, dtype, shape, b
 _capturing = torch.cuda.is_current_stream_capturing
 
 
+def _current_raw_stream(device):
+    """(device index, the current stream's cudaStream_t) of `device` (its index or the current one)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return index, torch._C._cuda_getCurrentRawStream(index)
+
+
 def _pool_rows(pool, x, reuse=False):
     """x as the rows a UvaBufferPool gives: (len(x), *size[1:]) of the pool's dtype on its device, in
     device memory of their own.
@@ -133,8 +139,10 @@ def _pool_rows(pool, x, reuse=False):
     if reuse and type(x) is np.ndarray and x.nbytes <= _REUSE_BYTES:
         # first, as it is most calls: a key equal to the stored one passed every check below. The
         # stream is part of it: rows given to another stream's kernels could be freed under them.
+        # The raw handle, not torch.cuda.current_stream(): that builds a Stream object, several
+        # microseconds on a call whose whole point is to cost less than a copy.
         on_cuda = _pool_device is not None and _pool_device.type == "cuda"
-        stream = torch.cuda.current_stream(_pool_device).cuda_stream if on_cuda else None
+        stream = _current_raw_stream(_pool_device) if on_cuda else None
         key = (_pool_device, stream, x.dtype, x.shape, x.tobytes())
         last = pool.__dict__.get(_LAST)
         # a capturing stream gets vLLM's own pool, as a staging would (a graph must not keep rows
