@@ -36,7 +36,7 @@ boxed() {
   [ $rc -eq 124 ] && echo "$name: stopped by its ${seconds}s time box" || echo "$name exit: $rc"
   return $rc
 }
-summary() { grep -E "passed|failed|error" "$OUT/$1.log" | tail -n 2; grep -E "^(FAILED|ERROR)" "$OUT/$1.log" | head -n 40; }
+summary() { grep -E "passed|failed|error" "$OUT/$1.log" | tail -n 3; grep -E "^(FAILED|ERROR)" "$OUT/$1.log" | head -n 40; }
 
 {
   echo "date_utc: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -76,7 +76,7 @@ if has tests || has collect; then
   if grep -q "^test command exit:" "$log"; then
     summary tests
     { echo "commit: ${PINSTAGE_COMMIT:-unknown}  command: bash scripts/test.sh"
-      grep -E "(passed|failed|error).* in [0-9.]+s" "$log" | tail -n 2; grep -E "^(FAILED|ERROR)" "$log"; } > "$OUT/tests.txt"
+      grep -E "(passed|failed|error).* in [0-9.]+s" "$log" | tail -n 3; grep -E "^(FAILED|ERROR)" "$log"; } > "$OUT/tests.txt"
   else
     echo "tests: still running after the time box; run this script's \"collect\" stage in the next call"
   fi

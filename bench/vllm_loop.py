@@ -401,7 +401,7 @@ def table_rows(rows):
     return out
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="folder for vllm_loop.json, .md and .png")
     parser.add_argument("--quick", action="store_true", help="fewer rounds and windows")
@@ -421,7 +421,7 @@ def main():
         default=2,
         help="KV-cache groups: 1 = StagedWriteTensor.apply_write, 2+ = FusedStagedWriter",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     on_gpu = torch.cuda.is_available()
     if not on_gpu:

@@ -14,6 +14,7 @@ from bench.engines.source import Unavailable  # noqa: E402
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: large sizes (1M elements); deselect with -m 'not slow'")
     config.addinivalue_line("markers", "cuda(devices=1): needs that many CUDA devices; skipped where fewer are visible")
+    config.addinivalue_line("markers", "no_gpu: needs no GPU visible; scripts/test.sh runs it with CUDA hidden")
 
 
 @functools.cache
@@ -28,7 +29,10 @@ def pytest_runtest_setup(item):
     """A cuda-marked test skips where fewer GPUs than it asks for are visible, before its fixtures
     run. The skip is raised here, not added as a mark, so that the summary folds every such skip into one line
     ("SKIPPED [N] tests/conftest.py:..."); other skip reasons keep their own lines. An engine's
-    source that is not here skips the tests that run it (their fixtures load it)."""
+    source that is not here skips the tests that run it (their fixtures load it). A no_gpu test
+    skips where a GPU is visible; the README's test command runs those with CUDA hidden."""
+    if item.get_closest_marker("no_gpu") is not None and _cuda_devices() > 0:
+        pytest.skip("needs no visible GPU (scripts/test.sh runs it with CUDA_VISIBLE_DEVICES empty)")
     marker = item.get_closest_marker("cuda")
     if marker is not None:
         need = marker.kwargs.get("devices", 1)

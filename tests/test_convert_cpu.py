@@ -823,7 +823,7 @@ def test_a_device_string_whose_release_stages_does_not_confuse_the_next_call():
     assert pinstage.stage_to_device([1], torch.int64, device=Reentrant("cpu")).device.type == "cpu"
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU default device")
+@pytest.mark.no_gpu  # checks the default device where no GPU is visible
 def test_default_device_without_cuda_is_cpu():
     got = pinstage.stage_to_device([1, 2, 3], torch.int64)
     assert got.device.type == "cpu"

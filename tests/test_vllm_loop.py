@@ -4,28 +4,34 @@ reads is checked, and through the plugin none is wrong."""
 
 import json
 import os
-import subprocess
-import sys
 
-import torch
-from support import ROOT
+import pytest
+from support import DEVICES, ROOT, run_child
 
 from bench.engines import vllm_stubs
 from bench.engines.source import engine_root
 
+CHILD = """
+import sys
+sys.path.insert(0, {bench!r})
+import vllm_loop
 
-def test_vllm_loop_reads_back_every_value(tmp_path):
+vllm_loop.main({args!r})
+"""
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_vllm_loop_reads_back_every_value(device, tmp_path, monkeypatch):
     engine_root("vllm", vllm_stubs.VLLM_VERSION, vllm_stubs.VLLM_FILES)  # skips where vLLM's source is not here
-    cmd = [sys.executable, os.path.join(ROOT, "bench", "vllm_loop.py"), "--out", str(tmp_path), "--sizes", "8"]
-    cmd += ["--rounds", "2", "--windows", "1", "--warmup", "1"]
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, "exit %d\n%s\n%s" % (proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:])
+    if device == "cpu":
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the loop runs where CUDA is: hide it for the CPU case
+    args = ["--out", str(tmp_path), "--sizes", "8", "--rounds", "2", "--windows", "1", "--warmup", "1"]
+    run_child(CHILD.format(bench=os.path.join(ROOT, "bench"), args=args), timeout=600)
     with open(tmp_path / "vllm_loop.json") as f:
         (row,) = json.load(f)["results"]
     modes = row["modes"]
     assert modes["vllm"]["values_checked"] == modes["pinstage"]["values_checked"] > 0  # the same steps
     assert modes["pinstage"]["wrong_values"] == 0, modes["pinstage"]["wrong_by_field"]
-    if not torch.cuda.is_available():
+    if device == "cpu":
         assert modes["vllm"]["wrong_values"] == 0  # nothing in flight on the CPU: vLLM's values are right
     assert (tmp_path / "vllm_loop.md").exists()
