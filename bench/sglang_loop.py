@@ -392,7 +392,7 @@ def run_config(sg, device, bs, forward_ms, cycles_per_us, args):
     )
     rounds = {v: [] for v in VARIANTS}
     for r in range(args.repeats):
-        for variant in list(VARIANTS) if r % 2 == 0 else list(reversed(VARIANTS)):
+        for variant in _timing.rotated(list(VARIANTS), r):
             with variant_context(variant):
                 result, final = timed_round(sg, device, workload, forward, args.steps)
             assert final == expected_final, "%s: a timed round's final batch differs from the checked run's" % variant

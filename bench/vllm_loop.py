@@ -312,8 +312,7 @@ def run_size(loop, batch, max_reqs):
         for mode in MODES:
             one(mode, False)
     for r in range(args.rounds):
-        order = MODES if r % 2 == 0 else MODES[::-1]
-        for mode in order:
+        for mode in _timing.rotated(list(MODES), r):
             for _ in range(args.windows):
                 one(mode, True)
     loop.plugin.disable()

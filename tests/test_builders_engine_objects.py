@@ -21,6 +21,7 @@ from pinstage.builders import (
     build_penalty_last_token_ids,
     build_sampling_batch,
 )
+from pinstage.builders.requests import SAMPLING_FIELDS  # the fields a builder reads: the stand-in copies them
 
 
 class EngineKvInfo:
@@ -34,27 +35,14 @@ class EngineKvInfo:
         self.kv_committed_len = 0
 
 
-# The sampling fields a builder reads, which the SamplingParams stand-in copies.
-_SAMPLING_FIELDS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "frequency_penalty",
-    "presence_penalty",
-    "repetition_penalty",
-    "sampling_seed",
-)
-
-
 class EngineSamplingParams:
     """SGLang's SamplingParams: the sampling fields plus others the builders must not need; slotted
     (SGLang's is a msgspec.Struct), so nothing can be read that it does not define."""
 
-    __slots__ = _SAMPLING_FIELDS + ("max_new_tokens", "stop_strs", "logit_bias")
+    __slots__ = SAMPLING_FIELDS + ("max_new_tokens", "stop_strs", "logit_bias")
 
     def __init__(self, params: SamplingParams):
-        for name in _SAMPLING_FIELDS:
+        for name in SAMPLING_FIELDS:
             setattr(self, name, getattr(params, name))
         self.max_new_tokens, self.stop_strs, self.logit_bias = 128, [], None
 

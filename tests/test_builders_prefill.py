@@ -33,30 +33,32 @@ def stage_prefill(lens, starts, ids, positions, params, **where):
     return staged[0], staged[1], LogprobIndices(*staged[2:6]), sampling_batch(staged[6:])
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("bs", [1, 9, 300])
-def test_one_staging_equals_the_builders(rng, device, bs):
-    lens, starts, ids, positions, params = prefill_values(rng, bs)
-    ids_d, positions_d, indices, batch = stage_prefill(lens, starts, ids, positions, params, device=device)
+def assert_equals_the_builders(staged, values, device):
+    lens, starts, ids, positions, params = values
+    ids_d, positions_d, indices, batch = staged
     assert_same_tensor(ids_d, torch.tensor(ids, dtype=torch.int64, device=device), "input ids")
     assert_same_tensor(positions_d, torch.tensor(positions, dtype=torch.int64, device=device), "positions")
     assert_fields_equal(indices, build_logprob_indices(lens, starts, device=device))
     assert_fields_equal(batch, build_sampling_batch(params, device=device))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bs", [1, 9, 300])
+def test_one_staging_equals_the_builders(rng, device, bs):
+    values = prefill_values(rng, bs)
+    assert_equals_the_builders(stage_prefill(*values, device=device), values, device)
+
+
 @pytest.mark.cuda
 def test_one_copy_behind_a_busy_stream(rng):
-    lens, starts, ids, positions, params = prefill_values(rng, 64)
+    values = prefill_values(rng, 64)
     stream = torch.cuda.Stream()
-    build = lambda: stage_prefill(lens, starts, ids, positions, params, stream=stream)  # noqa: E731
+    build = lambda: stage_prefill(*values, stream=stream)  # noqa: E731
     build()
     before = pinstage.stats()
-    (ids_d, positions_d, indices, batch), still_busy = run_while_stream_busy(build, stream)
+    staged, still_busy = run_while_stream_busy(build, stream)
     after = pinstage.stats()
     assert still_busy, "the staging returned only after the busy stream finished"
     assert after["copies"] - before["copies"] == 1
     torch.cuda.synchronize()
-    assert_same_tensor(ids_d, torch.tensor(ids, dtype=torch.int64, device="cuda"), "input ids")
-    assert_same_tensor(positions_d, torch.tensor(positions, dtype=torch.int64, device="cuda"), "positions")
-    assert_fields_equal(indices, build_logprob_indices(lens, starts, device="cuda"))
-    assert_fields_equal(batch, build_sampling_batch(params, device="cuda"))
+    assert_equals_the_builders(staged, values, "cuda")

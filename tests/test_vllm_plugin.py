@@ -294,7 +294,7 @@ def test_uva_backed_tensor_unchanged_gets_its_rows_again_a_change_restages(vllm,
     first = _settle(backed.copy_to_uva())
     kept = backed.gpu
     assert backed.copy_to_uva() is kept  # the same bytes: the rows staged for them, no copy
-    backed.np[3] = -0.0 if backed.np[3] == 0 else 99.0
+    backed.np[3] = 99.0
     backed.np[0] = -0.0  # equal to 0.0 for numpy, another value for the device
     changed = _settle(backed.copy_to_uva())
     assert changed is not kept
