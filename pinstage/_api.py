@@ -1,6 +1,6 @@
 """pinstage's public functions: signatures, types and documentation in front of the compiled core."""
 
-from typing import Any, Iterable, List, Optional, Sequence, Tuple, TypedDict, Union
+from typing import List, Optional, Sequence, TypedDict, Union
 
 import torch
 
@@ -10,50 +10,11 @@ Device = Union[torch.device, str, int, None]
 RingFullError = _C.RingFullError
 
 
-def stage_to_device(
-    data: Any, dtype: torch.dtype, stream: Optional[torch.cuda.Stream] = None, *, device: Device = None
-) -> torch.Tensor:
-    """torch.tensor(data, dtype=dtype) on the GPU, without waiting for it.
-
-    The values are converted straight into pinned ring memory and moved by one asynchronous copy on
-    `stream` (default: the device's current stream); the result comes from PyTorch's caching
-    allocator on that stream. Device: the stream's, else `device`, else the current CUDA device,
-    else the CPU (an ordinary CPU tensor).
-
-    data: Python ints, floats, bools, (nested) lists and tuples of them, range, numpy arrays and
-    scalars, array.array, memoryview, bytearray, CPU tensors. The result equals
-    torch.tensor(data, dtype=dtype) in values, dtype and shape; where torch.tensor raises,
-    pinstage raises the same exception type with the offending element's index, value and dtype.
-    Raises TypeError for an unsupported dtype or for tensor data whose storage does not hold its
-    values and that torch.tensor cannot turn into one that does (FakeTensor, quantized, nested);
-    RuntimeError when `stream` is capturing a CUDA graph,
-    RingFullError when the ring is full and on_full="error".
-    """
-    return _C.stage_to_device(data, dtype, stream, device)
-
-
-def stage_many(
-    items: Iterable[Tuple[Any, torch.dtype]], stream: Optional[torch.cuda.Stream] = None, *, device: Device = None
-) -> List[torch.Tensor]:
-    """[(data, dtype), ...] -> [tensor, ...], as stage_to_device each, in ONE copy.
-
-    Every item goes into one ring region (each 16-byte aligned) and one device allocation, moved by
-    one host-to-device copy; the results are views of that allocation with the requested dtypes
-    and shapes. An error names the item (`item 3: ...`) and stages nothing.
-    """
-    return _C.stage_many(items, stream, device)
-
-
-def stage_into(data: Any, out: torch.Tensor, stream: Optional[torch.cuda.Stream] = None) -> torch.Tensor:
-    """Fills the existing contiguous tensor `out` with data converted to out.dtype; returns `out`.
-
-    data must have out.numel() elements (any shape). One asynchronous copy on `stream` (default:
-    the current stream of out's device); for a CUDA graph's static inputs, call it before
-    graph.replay(). A conversion error leaves `out` as it was. out must hold its values in its own
-    storage: a tensor subclass, FakeTensor or zero tensor is refused (TypeError), a neg view too
-    (ValueError).
-    """
-    return _C.stage_into(data, out, stream)
+# The staging calls are the compiled functions themselves: no Python frame on the hot path. Their
+# documentation is in csrc/bindings/docs.h.
+stage_to_device = _C.stage_to_device
+stage_many = _C.stage_many
+stage_into = _C.stage_into
 
 
 class FetchHandle:

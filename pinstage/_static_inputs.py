@@ -91,7 +91,7 @@ class StaticInputs:
         After any error nothing was staged and the row writes are still pending. A stream that is
         capturing a CUDA graph raises RuntimeError: stage before graph.replay(), outside the capture.
         """
-        self._core.stage(values, n, stream)
+        _C._static_inputs_stage(self._core, values, n, stream)
 
     def write_rows(self, name: str, rows: Sequence[int], starts: Sequence[int], values: Sequence[Any]) -> None:
         """Keeps writes for the next stage(): for each i, values[i] (a 1-D sequence of any length,

@@ -134,10 +134,42 @@ def test_ring_full_error_is_a_runtime_error_engines_can_catch():
 def test_public_functions_have_signatures_and_documentation():
     for name in pinstage.__all__:
         obj = getattr(pinstage, name)
-        if inspect.isfunction(obj):
+        if inspect.isroutine(obj):  # the staging functions are compiled ones (builtins)
             inspect.signature(obj)
             assert obj.__doc__ and len(obj.__doc__) > 40, name
     assert "ring_bytes" in str(inspect.signature(pinstage.configure))
+    assert str(inspect.signature(pinstage.stage_to_device)) == "(data, dtype, stream=None, *, device=None)"
+    assert str(inspect.signature(pinstage.stage_many)) == "(items, stream=None, *, device=None)"
+    assert str(inspect.signature(pinstage.stage_into)) == "(data, out, stream=None)"
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: pinstage.stage_to_device([1]), r"stage_to_device\(\) missing required argument 'dtype'"),
+        (
+            lambda: pinstage.stage_to_device([1], torch.int64, None, "cpu"),
+            r"at most 3 positional arguments \(4 given\)",
+        ),
+        (lambda: pinstage.stage_to_device([1], torch.int64, devic="cpu"), r"unexpected keyword argument 'devic'"),
+        (
+            lambda: pinstage.stage_to_device([1], torch.int64, dtype=torch.int64),
+            r"multiple values for argument 'dtype'",
+        ),
+        (lambda: pinstage.stage_many(device="cpu"), r"stage_many\(\) missing required argument 'items'"),
+        (lambda: pinstage.stage_into([1], out=None, stream=None, x=1), r"unexpected keyword argument 'x'"),
+    ],
+)
+def test_staging_functions_check_their_arguments_as_python_does(call, message):
+    with pytest.raises(TypeError, match=message):
+        call()
+
+
+def test_staging_functions_take_every_argument_by_keyword():
+    out = torch.zeros(2, dtype=torch.int32)
+    assert pinstage.stage_to_device(data=[1, 2], dtype=torch.int32, stream=None, device="cpu").tolist() == [1, 2]
+    assert pinstage.stage_many(items=[([3], torch.int64)], device="cpu")[0].tolist() == [3]
+    assert pinstage.stage_into(data=[4, 5], out=out, stream=None) is out and out.tolist() == [4, 5]
     assert "fetch_overflows" in pinstage.Stats.__annotations__
 
 

@@ -1,13 +1,17 @@
 // pinstage._C: the compiled core's Python surface, the one file that uses pybind11.
-// pinstage/_api.py gives it signatures and docstrings; users import pinstage, never this module.
+// Users import pinstage, never this module: pinstage/_api.py exports the staging functions as they
+// are (their docstrings are docs.h) and wraps the rest.
 #include <torch/csrc/utils/pybind.h>
 
+#include <array>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "bindings/docs.h"
 #include "bindings/errors.h"
+#include "bindings/fast_args.h"
 #include "convert/buffer_source.h"
 #include "convert/item_plan.h"
 #include "copy/fetch.h"
@@ -92,22 +96,57 @@ void configure(py::handle ring_bytes, py::handle on_full, py::handle device) {
   configure_rings(bytes, mode, index);
 }
 
-// stage_to_device as a plain METH_FASTCALL function of four positional arguments (data, dtype,
-// stream, device): it is the call engines make most, and pybind11's dispatcher adds about 0.4 us
-// to it (measured against this entry on a CPU build, where a call of one value takes ~0.7 us).
-PyObject* stage_to_device_entry(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+// The calls engines make every step, as METH_FASTCALL functions that pinstage exports as they
+// are (fast_args.h says why).
+template <size_t N, const FastSignature<N>& Sig, PyObject* (*Body)(const std::array<PyObject*, N>&)>
+PyObject* fast_entry(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   HANDLE_TH_ERRORS
-  if (nargs != 4) {
-    PyErr_Format(PyExc_TypeError, "pinstage._C.stage_to_device takes 4 positional arguments (%zd given)", nargs);
-    return nullptr;
-  }
-  return translate_core_errors([&] { return wrap_tensor(stage_to_device(args[0], args[1], args[2], args[3])); });
+  std::array<PyObject*, N> a{};
+  if (!parse_fast_args(Sig, args, nargs, kwnames, a)) return nullptr;
+  return translate_core_errors([&] { return Body(a); });
   END_HANDLE_TH_ERRORS
 }
 
-PyMethodDef kStageToDevice = {
-    "stage_to_device", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&stage_to_device_entry)),
-    METH_FASTCALL, "stage_to_device(data, dtype, stream, device): see pinstage.stage_to_device"};
+constexpr FastSignature<4> kStageToDevice{"stage_to_device", {"data", "dtype", "stream", "device"}, 2, 3};
+PyObject* stage_to_device_body(const std::array<PyObject*, 4>& a) {
+  return wrap_tensor(stage_to_device(a[0], a[1], a[2], a[3]));
+}
+
+constexpr FastSignature<3> kStageMany{"stage_many", {"items", "stream", "device"}, 1, 2};
+PyObject* stage_many_body(const std::array<PyObject*, 3>& a) {
+  std::vector<at::Tensor> tensors = stage_many(a[0], a[1], a[2]);
+  THPObjectPtr list(checked(PyList_New(static_cast<Py_ssize_t>(tensors.size()))));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    PyList_SET_ITEM(list.get(), static_cast<Py_ssize_t>(i), checked(wrap_tensor(std::move(tensors[i]))));
+  }
+  return list.release();
+}
+
+constexpr FastSignature<3> kStageInto{"stage_into", {"data", "out", "stream"}, 2, 3};
+PyObject* stage_into_body(const std::array<PyObject*, 3>& a) {
+  stage_into(a[0], a[1], a[2]);
+  return Py_NewRef(a[1]);
+}
+
+// StaticInputs.stage's core (pinstage/_static_inputs.py calls it with the pybind11 object).
+constexpr FastSignature<4> kStaticStage{"_static_inputs_stage", {"inputs", "values", "n", "stream"}, 4, 4};
+PyObject* static_stage_body(const std::array<PyObject*, 4>& a) {
+  py::handle(a[0]).cast<StaticInputs&>().stage(a[1], a[2], a[3]);
+  Py_RETURN_NONE;
+}
+
+template <size_t N, const FastSignature<N>& Sig, PyObject* (*Body)(const std::array<PyObject*, N>&)>
+PyMethodDef fast_method(const char* doc) {
+  return {Sig.name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&fast_entry<N, Sig, Body>)),
+          METH_FASTCALL | METH_KEYWORDS, doc};
+}
+
+PyMethodDef kFastMethods[] = {
+    fast_method<4, kStageToDevice, stage_to_device_body>(kStageToDeviceDoc),
+    fast_method<3, kStageMany, stage_many_body>(kStageManyDoc),
+    fast_method<3, kStageInto, stage_into_body>(kStageIntoDoc),
+    fast_method<4, kStaticStage, static_stage_body>("StaticInputs.stage's core: see pinstage.StaticInputs.stage"),
+};
 
 std::vector<at::Tensor> tensors_arg(py::handle tensors, const char* api) {
   // A tuple copy: checking an item runs no Python code, but the caller's list could change meanwhile
@@ -154,15 +193,10 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "pinstage's compiled core; import pinstage instead.";
   add_ring_full_error(m);
 
-  m.add_object("stage_to_device", py::reinterpret_steal<py::object>(
-                                      PyCFunction_NewEx(&kStageToDevice, nullptr, py::str("pinstage._C").ptr())));
-  m.def("stage_many", [](py::handle items, py::handle stream, py::handle device) {
-    return translate_errors([&] { return stage_many(items.ptr(), stream.ptr(), device.ptr()); });
-  });
-  m.def("stage_into", [](py::handle data, py::handle out, py::handle stream) {
-    translate_errors([&] { stage_into(data.ptr(), out.ptr(), stream.ptr()); });
-    return py::reinterpret_borrow<py::object>(out);
-  });
+  for (PyMethodDef& def : kFastMethods) {
+    m.add_object(def.ml_name,
+                 py::reinterpret_steal<py::object>(PyCFunction_NewEx(&def, nullptr, py::str("pinstage._C").ptr())));
+  }
   m.def("stats", [](py::handle device) { return translate_errors([&] { return stats(device); }); });
   m.def("configure", [](py::handle ring_bytes, py::handle on_full, py::handle device) {
     translate_errors([&] { configure(ring_bytes, on_full, device); });
@@ -217,8 +251,6 @@ PYBIND11_MODULE(_C, m) {
         return translate_errors(
             [&] { return std::make_unique<StaticInputs>(static_field_specs(fields), max_bs, device.ptr()); });
       }))
-      .def("stage", [](StaticInputs& s, py::handle values, py::handle n,
-                       py::handle stream) { translate_errors([&] { s.stage(values.ptr(), n.ptr(), stream.ptr()); }); })
       .def("write_rows",
            [](StaticInputs& s, py::handle name, py::handle rows, py::handle starts, py::handle values) {
              translate_errors([&] { s.write_rows(name.ptr(), rows.ptr(), starts.ptr(), values.ptr()); });
