@@ -240,7 +240,11 @@ def compare(reads, wrong):
 class Loop:
     def __init__(self, vllm, plugin, args, on_gpu):
         self.vllm, self.plugin, self.args, self.on_gpu = vllm, plugin, args, on_gpu
-        self.cycles_per_us = calibrate_sleep() if on_gpu else 0
+        self.cycles_per_us = 0
+        if on_gpu:
+            from microbench import GpuBusy
+
+            self.cycles_per_us = GpuBusy().cycles_per_us  # measured (a fallback outside the plausible range)
 
     def window(self, runner, mode, sleep_ms, record):
         """--in-flight steps behind one sleep; returns (host ns per step, admitting flags, checked,
@@ -274,17 +278,6 @@ class Loop:
             c, b = compare(reads, wrong)
             checked, bad = checked + c, bad + b
         return times, admitting, checked, bad, covered, window_ns
-
-
-def calibrate_sleep():
-    """GPU cycles per microsecond of torch.cuda._sleep on this device."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(1000)
-    start.record()
-    torch.cuda._sleep(20_000_000)
-    end.record()
-    end.synchronize()
-    return 20_000_000 / (start.elapsed_time(end) * 1000)
 
 
 def run_size(loop, batch, max_reqs):
