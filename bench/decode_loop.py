@@ -45,7 +45,6 @@ the ring's cost against the unguarded single copy). Every backend must generate 
 import argparse
 import dataclasses
 import os
-import statistics
 import sys
 import time
 from typing import Dict, List, NamedTuple, Optional
@@ -659,11 +658,9 @@ def summarize(runs):
             "requests_with_other_tokens",
         ):
             values = [m[key] for m in metrics if m[key] is not None]
-            summary[key] = statistics.median(values) if values else None
-            summary[key + "_range"] = [min(values), max(values)] if values else None
+            summary[key], summary[key + "_range"] = _report.median_range(values)
         fractions = [m["tokens_per_s"] / i for m, i in zip(metrics, ideal)]
-        summary["of_ideal"] = statistics.median(fractions) if fractions else None
-        summary["of_ideal_range"] = [min(fractions), max(fractions)] if fractions else None
+        summary["of_ideal"], summary["of_ideal_range"] = _report.median_range(fractions)
         out[name] = summary
     return out
 
