@@ -65,8 +65,8 @@ from _decode_model import (  # noqa: E402
     Snapshot,
     TinyDecoder,
     sample,
-    sleep_cycles_per_us,
 )
+from microbench import GpuBusy  # noqa: E402
 
 import pinstage  # noqa: E402
 from pinstage.builders import (  # noqa: E402
@@ -845,7 +845,7 @@ def main(argv=None):
     if args.quick:
         sizes = [s for s in sizes if s in (1, 64)] or sizes[:1]
         forwards, steps, repeats = forwards[:1], min(steps, 40), 1
-    cycles = sleep_cycles_per_us() if dev.type == "cuda" else 0.0
+    cycles = GpuBusy().cycles_per_us if dev.type == "cuda" else 0.0
     meta = _report.machine_meta()
     print(
         "Decode loop on %s (torch %s): %d timed steps per run, %d round(s) per backend"
