@@ -97,6 +97,15 @@ def _plugin_and_original(run, staged=True):
     return routed, original
 
 
+def test_the_plugins_dtypes_are_those_pinstages_core_stages():
+    for dtype in {v for v in vars(torch).values() if isinstance(v, torch.dtype)}:
+        try:
+            pinstage._C._check_dtype(dtype, "dtype")
+            assert dtype in plugin._DTYPES, dtype
+        except TypeError:
+            assert dtype not in plugin._DTYPES, dtype
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", H2D_DTYPES, ids=str)
 @pytest.mark.parametrize("form", FORMS)
