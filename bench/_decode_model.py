@@ -276,13 +276,3 @@ def _replay_ms(graph, n=20):
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / n
-
-
-def sleep_cycles_per_us():
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(2):
-        start.record()
-        torch.cuda._sleep(20_000_000)
-        end.record()
-        end.synchronize()
-    return 20_000_000 / (start.elapsed_time(end) * 1000.0)

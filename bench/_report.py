@@ -5,6 +5,7 @@ import json
 import os
 import platform
 import shlex
+import statistics
 import sys
 
 import torch
@@ -45,6 +46,16 @@ def fmt_us_pm(value, spread):
 
 def fmt_ratio(value):
     return "-" if value is None else "%.2fx" % value
+
+
+def median_range(values):
+    """(median, [min, max]) of per-round values, or (None, None) when there are none."""
+    return (statistics.median(values), [min(values), max(values)]) if values else (None, None)
+
+
+def fmt_ratio_range(value, spread):
+    """A ratio with the min-max of the rounds' ratios: "0.93x [0.88-0.97]"."""
+    return "-" if value is None else "%s [%.2f-%.2f]" % (fmt_ratio(value), *spread)
 
 
 def print_table(rows):

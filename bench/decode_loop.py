@@ -45,7 +45,6 @@ the ring's cost against the unguarded single copy). Every backend must generate 
 import argparse
 import dataclasses
 import os
-import statistics
 import sys
 import time
 from typing import Dict, List, NamedTuple, Optional
@@ -66,8 +65,8 @@ from _decode_model import (  # noqa: E402
     Snapshot,
     TinyDecoder,
     sample,
-    sleep_cycles_per_us,
 )
+from microbench import GpuBusy  # noqa: E402
 
 import pinstage  # noqa: E402
 from pinstage.builders import (  # noqa: E402
@@ -659,11 +658,9 @@ def summarize(runs):
             "requests_with_other_tokens",
         ):
             values = [m[key] for m in metrics if m[key] is not None]
-            summary[key] = statistics.median(values) if values else None
-            summary[key + "_range"] = [min(values), max(values)] if values else None
+            summary[key], summary[key + "_range"] = _report.median_range(values)
         fractions = [m["tokens_per_s"] / i for m, i in zip(metrics, ideal)]
-        summary["of_ideal"] = statistics.median(fractions) if fractions else None
-        summary["of_ideal_range"] = [min(fractions), max(fractions)] if fractions else None
+        summary["of_ideal"], summary["of_ideal_range"] = _report.median_range(fractions)
         out[name] = summary
     return out
 
@@ -848,7 +845,7 @@ def main(argv=None):
     if args.quick:
         sizes = [s for s in sizes if s in (1, 64)] or sizes[:1]
         forwards, steps, repeats = forwards[:1], min(steps, 40), 1
-    cycles = sleep_cycles_per_us() if dev.type == "cuda" else 0.0
+    cycles = GpuBusy().cycles_per_us if dev.type == "cuda" else 0.0
     meta = _report.machine_meta()
     print(
         "Decode loop on %s (torch %s): %d timed steps per run, %d round(s) per backend"

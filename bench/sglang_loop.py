@@ -435,9 +435,7 @@ def summarize(row):
 
 
 def fmt_ratio(entry):
-    if entry["ratio"] is None:
-        return "-"
-    return "%.2fx [%.2f-%.2f]" % (entry["ratio"], entry["ratio_min"], entry["ratio_max"])
+    return _report.fmt_ratio_range(entry["ratio"], (entry["ratio_min"], entry["ratio_max"]))
 
 
 def sync_text(row):

@@ -22,7 +22,6 @@ say nothing about staging.
 import argparse
 import itertools
 import os
-import statistics
 import sys
 import types
 
@@ -207,7 +206,7 @@ def main():
     for n in (int(s) for s in args.sizes.split(",")):
         for case, calls in helper_calls(vllm, fns, n, device).items():
             stats = _timing.interleaved(calls, args.repeats, args.sample_ms)
-            ratios = paired_ratios(stats)
+            ratio, spread = _report.median_range(paired_ratios(stats))
             rows.append(
                 dict(
                     case=case,
@@ -215,8 +214,8 @@ def main():
                     n=n,
                     us={v: s["median_us"] for v, s in stats.items()},
                     spread={v: [s["min_us"], s["max_us"]] for v, s in stats.items()},
-                    ratio=statistics.median(ratios),
-                    ratio_spread=[min(ratios), max(ratios)],
+                    ratio=ratio,
+                    ratio_spread=spread,
                 )
             )
             print("  measured %s n %d" % (case, n), file=sys.stderr, flush=True)
@@ -230,7 +229,7 @@ def main():
                 r["n"],
                 _report.fmt_us(r["us"]["vllm"], r["spread"]["vllm"]),
                 _report.fmt_us(r["us"]["pinstage"], r["spread"]["pinstage"]),
-                "%s [%.2f-%.2f]" % (_report.fmt_ratio(r["ratio"]), *r["ratio_spread"]),
+                _report.fmt_ratio_range(r["ratio"], r["ratio_spread"]),
                 "yes" if r["ratio"] <= NEVER_SLOWER else "NO",
             ]
         )

@@ -240,7 +240,11 @@ def compare(reads, wrong):
 class Loop:
     def __init__(self, vllm, plugin, args, on_gpu):
         self.vllm, self.plugin, self.args, self.on_gpu = vllm, plugin, args, on_gpu
-        self.cycles_per_us = calibrate_sleep() if on_gpu else 0
+        self.cycles_per_us = 0
+        if on_gpu:
+            from microbench import GpuBusy
+
+            self.cycles_per_us = GpuBusy().cycles_per_us  # measured (a fallback outside the plausible range)
 
     def window(self, runner, mode, sleep_ms, record):
         """--in-flight steps behind one sleep; returns (host ns per step, admitting flags, checked,
@@ -276,17 +280,6 @@ class Loop:
         return times, admitting, checked, bad, covered, window_ns
 
 
-def calibrate_sleep():
-    """GPU cycles per microsecond of torch.cuda._sleep on this device."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(1000)
-    start.record()
-    torch.cuda._sleep(20_000_000)
-    end.record()
-    end.synchronize()
-    return 20_000_000 / (start.elapsed_time(end) * 1000)
-
-
 def run_size(loop, batch, max_reqs):
     args, vllm = loop.args, loop.vllm
     runners = {m: Runner(vllm, batch, max_reqs, args.kv_groups, loop.device, seed=batch) for m in MODES}
@@ -318,12 +311,14 @@ def run_size(loop, batch, max_reqs):
     loop.plugin.disable()
     rounds = {m: _per_round(records[m]["rounds"], args.windows) for m in MODES}
     ratios = [p / v for v, p in zip(rounds["vllm"], rounds["pinstage"])]
-    row = dict(batch=batch, modes={}, ratio=statistics.median(ratios), ratio_spread=[min(ratios), max(ratios)])
+    ratio, spread = _report.median_range(ratios)
+    row = dict(batch=batch, modes={}, ratio=ratio, ratio_spread=spread)
     for m in MODES:
         rec = records[m]
+        step_us, step_spread = _report.median_range(rounds[m])
         row["modes"][m] = dict(
-            step_us=statistics.median(rounds[m]),
-            step_us_spread=[min(rounds[m]), max(rounds[m])],
+            step_us=step_us,
+            step_us_spread=step_spread,
             decode_step_us=statistics.median(rec["decode_us"]) if rec["decode_us"] else None,
             admit_step_us=statistics.median(rec["admit_us"]) if rec["admit_us"] else None,
             admitting_steps=len(rec["admit_us"]),
@@ -389,7 +384,7 @@ def table_rows(rows):
                 r["batch"],
                 _report.fmt_us(v["step_us"], v["step_us_spread"]),
                 _report.fmt_us(p["step_us"], p["step_us_spread"]),
-                "%s [%.2f-%.2f]" % (_report.fmt_ratio(r["ratio"]), *r["ratio_spread"]),
+                _report.fmt_ratio_range(r["ratio"], r["ratio_spread"]),
                 "%s / %s" % (_report.fmt_us(v["decode_step_us"]), _report.fmt_us(p["decode_step_us"])),
                 "%s / %s" % (_report.fmt_us(v["admit_step_us"]), _report.fmt_us(p["admit_step_us"])),
                 "%d of %d" % (v["wrong_values"], v["values_checked"]),

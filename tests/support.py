@@ -147,11 +147,11 @@ def reference_sampling_batch(params, device, enable_deterministic_sampling=False
     return batch(torch_tensors(fields, device))
 
 
-def run_while_stream_busy(build, stream):
-    """build() right after a long kernel was queued on `stream`, with synchronisation forbidden.
-    Returns the result and whether the kernel was still running when build() returned: a builder
-    that waited for the stream would find it done. The caller compares the result after
-    synchronising."""
+def run_while_stream_busy(build, stream=None):
+    """build() right after a long kernel was queued on `stream` (default: the current one), with
+    synchronisation forbidden. Returns the result and whether the kernel was still running when
+    build() returned: a builder that waited for the stream would find it done. The caller compares
+    the result after synchronising."""
     import pinstage.testing
 
     done = gpu_busy.busy(BUSY_MS, stream)

@@ -140,7 +140,7 @@ def test_every_backend_generates_the_same_tokens(device, one_thread):
         max_ctx=68,
     )
     dev = torch.device(device)
-    cycles = decode_loop.sleep_cycles_per_us() if device == "cuda" else 0.0
+    cycles = decode_loop.GpuBusy().cycles_per_us if device == "cuda" else 0.0
     results = decode_loop.run_config(cfg, dev, cycles, repeats=1)  # raises if two backends' tokens differ
     assert set(results) == set(decode_loop.BACKENDS)
     for name, summary in results.items():

@@ -8,7 +8,7 @@ torch.tensor for the caller's extra values; rows [n, max_bs) hold the fill the S
 import numpy as np
 import pytest
 import torch
-from gpu_busy import assert_still_busy, busy
+from gpu_busy import assert_still_busy, busy, captured
 from staging_reference import assert_same_tensor, assert_views
 from support import DEVICES, random_params, random_requests, reference_decode_inputs, reference_sampling_batch
 
@@ -232,16 +232,7 @@ def test_graph_captured_on_the_views_replays_as_eager_after_each_stage(rng, cuda
     max_bs = 32
     inputs = batch_static_inputs(max_bs, EXTRA_FIELDS, seeds=True, penalties=True, device="cuda")
     views = {name: inputs[name] for name in inputs.names}
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            graph_step(views)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = graph_step(views)
-    torch.cuda.synchronize()
+    graph, outs = captured(lambda: graph_step(views))
     first, last = views[inputs.names[0]], views[inputs.names[-1]]
     pinstage.configure(ring_bytes=3 * (last.data_ptr() + last.nbytes - first.data_ptr()), on_full="overflow")
 

@@ -14,7 +14,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from gpu_busy import CYCLES_PER_US, assert_still_busy, busy
+from gpu_busy import CYCLES_PER_US, assert_still_busy, busy, captured
 from staging_reference import (
     DTYPES,
     NUMPY_OF,
@@ -517,16 +517,7 @@ def test_stage_into_feeds_captured_graph(dtype):
     n = 257
     rng = seeded_rng("graph", dtype_name(dtype))
     static = torch.zeros(n, dtype=dtype, device="cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            static * 2 + 1
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = static * 2 + 1
-    torch.cuda.synchronize()
+    graph, out = captured(lambda: static * 2 + 1)
 
     # |x| <= 127 keeps x * 2 + 1 exact in every dtype here, bfloat16 included.
     rounds = [

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 from gpu_busy import assert_still_busy, busy, captured
-from staging_reference import assert_error_names, assert_same_tensor, assert_views, expected, natural_values, seeded_rng
+from staging_reference import assert_error_names, assert_same_tensor, assert_views, natural_values, seeded_rng
+from static_inputs_reference import maker, sync
 from support import DEVICES
 
 import pinstage
@@ -29,24 +30,7 @@ FIELDS = {
     "temperatures": Field(torch.float32, (1,), fill=1.0),
     "penalties": Field(torch.float64, (2, 3), fill=0.5),
 }
-
-
-class Reference:
-    """What every view must hold: the fields as CPU tensors, updated as a stage() is specified."""
-
-    def __init__(self, fields, max_bs):
-        self.fields = fields
-        self.tensors = {name: torch.full((max_bs,) + f.shape, f.fill, dtype=f.dtype) for name, f in fields.items()}
-
-    def stage(self, values, n):
-        for name, f in self.fields.items():
-            rows, exc = expected(values[name], f.dtype)
-            assert exc is None, "torch.tensor refuses the test's values for %s: %r" % (name, exc)
-            self.tensors[name][:n] = rows.reshape((n,) + f.shape)
-            self.tensors[name][n:] = f.fill
-
-    def snapshot(self):
-        return {name: t.clone() for name, t in self.tensors.items()}
+make = maker(FIELDS)
 
 
 def field_values(f, n, rng, form):
@@ -64,15 +48,6 @@ def field_values(f, n, rng, form):
 
 def step_values(fields, n, rng, forms=("list", "numpy", "tensor")):
     return {name: field_values(f, n, rng, forms[i % len(forms)]) for i, (name, f) in enumerate(fields.items())}
-
-
-def make(device, max_bs=16, fields=FIELDS):
-    return StaticInputs(fields, max_bs=max_bs, device=device), Reference(fields, max_bs)
-
-
-def sync(device):
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 # ---------------------------------------------------------------------------------------------

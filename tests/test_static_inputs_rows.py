@@ -2,7 +2,7 @@
 fields' values (one copy, then one kernel on CUDA reading the writes from the same ring region).
 
 Every expectation comes from a reference that applies the same steps with torch indexing on CPU
-tensors: stage() as in test_static_inputs, then each write as
+tensors (static_inputs_reference): stage() as in test_static_inputs, then each write as
 `ref[name][row].view(-1)[start:start + len(values)] = torch.tensor(values, dtype=field.dtype)`.
 """
 
@@ -11,10 +11,11 @@ import pytest
 import torch
 from gpu_busy import assert_still_busy, busy, captured
 from staging_reference import assert_error_names, assert_views, expected, seeded_rng
+from static_inputs_reference import maker, sync
 from support import DEVICES
 
 import pinstage
-from pinstage import Field, StaticInputs
+from pinstage import Field
 
 ROW = 24  # block-table row width
 FIELDS = {
@@ -24,41 +25,7 @@ FIELDS = {
     "slots": Field(torch.int32, (3,), fill=7),  # the last staged field: writes beyond n widen the copy
 }
 PERSISTENT = [name for name, f in FIELDS.items() if f.persistent]
-
-
-class Reference:
-    def __init__(self, fields, max_bs):
-        self.fields = fields
-        self.tensors = {name: torch.full((max_bs,) + f.shape, f.fill, dtype=f.dtype) for name, f in fields.items()}
-        self.pending = []
-
-    def write_rows(self, name, rows, starts, values):
-        dtype = self.fields[name].dtype
-        for row, start, v in zip(rows, starts, values):
-            t, exc = expected(v, dtype)
-            assert exc is None, exc
-            self.pending.append((name, int(row), int(start), t))
-
-    def stage(self, values, n):
-        for name, f in self.fields.items():
-            if f.persistent:
-                continue
-            rows, exc = expected(values[name], f.dtype)
-            assert exc is None, exc
-            self.tensors[name][:n] = rows.reshape((n,) + f.shape)
-            self.tensors[name][n:] = f.fill
-        for name, row, start, t in self.pending:
-            self.tensors[name][row].view(-1)[start : start + t.numel()] = t
-        self.pending = []
-
-
-def sync(device):
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def make(device, max_bs=16, fields=FIELDS):
-    return StaticInputs(fields, max_bs=max_bs, device=device), Reference(fields, max_bs)
+make = maker(FIELDS)
 
 
 def step_values(n, rng):

@@ -14,17 +14,15 @@ import textwrap
 import types
 import warnings
 
-import gpu_busy
 import numpy as np
 import pytest
 import staging_reference
 import tomllib
 import torch
 from staging_reference import assert_same_tensor
-from support import BUSY_MS, DEVICES, run_child
+from support import DEVICES, run_child, run_while_stream_busy
 
 import pinstage
-import pinstage.testing
 from pinstage.integrations import vllm as plugin
 
 # The dtypes vLLM stages through these helpers: token ids, positions and lengths, sampling
@@ -97,6 +95,15 @@ def _plugin_and_original(run, staged=True):
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return routed, original
+
+
+def test_the_plugins_dtypes_are_those_pinstages_core_stages():
+    for dtype in {v for v in vars(torch).values() if isinstance(v, torch.dtype)}:
+        try:
+            pinstage._C._check_dtype(dtype, "dtype")
+            assert dtype in plugin._DTYPES, dtype
+        except TypeError:
+            assert dtype not in plugin._DTYPES, dtype
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -339,13 +346,13 @@ def test_repeated_values_in_flight_read_right(vllm, enabled):
     backed.np[:] = a
     backed.copy_to_uva()
     torch.cuda.synchronize()
-    busy = gpu_busy.busy(BUSY_MS)
-    reads = []
-    with pinstage.testing.no_sync():
-        for values in wanted:
-            backed.np[:] = values
-            reads.append(backed.copy_to_uva() + 0)
-    gpu_busy.assert_still_busy(busy, "the steps were queued")
+
+    def step(values):
+        backed.np[:] = values
+        return backed.copy_to_uva() + 0
+
+    reads, still_busy = run_while_stream_busy(lambda: [step(values) for values in wanted])
+    assert still_busy, "the GPU finished its sleep before the steps were queued; the test proved nothing"
     torch.cuda.synchronize()
     assert torch.equal(torch.stack(reads).cpu(), torch.from_numpy(np.stack(wanted)))
 
@@ -671,10 +678,7 @@ def _steps_behind_busy_kernel(vllm, steps, n):
     wanted = [(np.arange(n) + k * n).astype(np.int32) for k in range(steps)]
     step(wanted[0])  # loads the kernels and allocates the ring before the clock matters
     torch.cuda.synchronize()
-    busy = gpu_busy.busy(BUSY_MS)
-    with pinstage.testing.no_sync():
-        reads = [step(values) for values in wanted]
-    still_busy = not busy.query()
+    reads, still_busy = run_while_stream_busy(lambda: [step(values) for values in wanted])
     torch.cuda.synchronize()
     want = torch.from_numpy(np.stack(wanted))
     wrong = {name: int((torch.stack([r[name] for r in reads]).cpu() != want).sum()) for name in reads[0]}
