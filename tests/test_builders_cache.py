@@ -202,6 +202,30 @@ def test_float_and_bool_columns_are_refused_not_truncated(rng, column, message):
     assert (batch["req_to_token"] == SENTINEL).all()
 
 
+@pytest.mark.parametrize("value", [2**63, 2**64, -(2**63) - 1])
+@pytest.mark.parametrize("kind", ["ints", "with a numpy int"])
+def test_a_list_value_beyond_int64_is_refused_naming_the_field_and_request(rng, value, kind):
+    """Lists of Python ints are converted together, other lists column by column: both name the
+    field and the request of a value no int64 holds."""
+    batch = random_batch(rng, 4, "cpu")
+    batch["seq_lens"][2] = value
+    if kind != "ints":
+        batch["prefix_lens"][0] = np.int64(batch["prefix_lens"][0])
+    with pytest.raises(ValueError, match=rf"write_cache_indices: seq_lens: .*element \[2\] = {value} "):
+        run(batch)
+    assert (batch["req_to_token"] == SENTINEL).all()
+
+
+def test_a_uint64_array_value_beyond_int64_is_refused_naming_the_field(rng):
+    batch = random_batch(rng, 4, "cpu")
+    batch["seq_lens"] = np.array([0, 0, 2**63, 0], dtype=np.uint64)
+    with pytest.raises(
+        ValueError, match=r"write_cache_indices: seq_lens: a value is beyond int64, got 9223372036854775808"
+    ):
+        run(batch)
+    assert (batch["req_to_token"] == SENTINEL).all()
+
+
 def test_integer_tensors_and_arrays_of_any_width_are_columns(rng):
     batch = random_batch(rng, 5, "cpu")
     expected = reference(batch)

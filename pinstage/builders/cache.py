@@ -48,10 +48,7 @@ def write_cache_indices(
     # A copy taken before the ints are read: reading one can run Python code (an __index__) that
     # changes the list.
     prefix_tensors = list(prefix_tensors)
-    rows, prefixes, lengths, extends = (
-        _int64_column(name, column)
-        for name, column in zip(_FIELDS, (req_pool_indices, prefix_lens, seq_lens, extend_lens))
-    )
+    rows, prefixes, lengths, extends = _int64_columns((req_pool_indices, prefix_lens, seq_lens, extend_lens))
     # One op: it checks the CPU values on the host (extend_lens against the lengths too), computes
     # each request's offset in out_cache_loc and copies them with the prefix table in one copy.
     with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
@@ -72,6 +69,19 @@ def _raise_if_not_tensors(prefix_tensors: List[torch.Tensor]) -> None:
             raise TypeError(
                 f"write_cache_indices: request {i}: prefix_tensors entry must be a tensor, got {type(t).__name__}"
             ) from None
+
+
+def _int64_columns(columns: Sequence[IntColumn]) -> List[torch.Tensor]:
+    """The four columns as CPU int64 tensors. Lists of Python ints, an engine's usual case, are
+    converted together by one pinstage call; anything else (and a value beyond int64, whose error
+    names the field) column by column."""
+    lists = [list(c) if type(c) is list else None for c in columns]  # copies: see _int64_column
+    if all(c is not None and set(map(type, c)) <= {int} for c in lists):
+        try:
+            return pinstage.stage_many([(c, torch.int64) for c in lists], device="cpu")
+        except ValueError:
+            pass
+    return [_int64_column(name, column) for name, column in zip(_FIELDS, columns)]
 
 
 def _int64_column(name: str, column: IntColumn) -> torch.Tensor:
@@ -102,11 +112,14 @@ def _int64_column(name: str, column: IntColumn) -> torch.Tensor:
         raise ValueError(f"write_cache_indices: {name} must be one int per request")
     if values.dtype.kind in "iu":
         if values.dtype.kind == "u" and values.size and values.max() >= 2**63:
-            raise OverflowError(f"write_cache_indices: {name} has a value beyond int64")
+            raise ValueError(f"write_cache_indices: {name}: a value is beyond int64, got {values.max()}")
         return torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64))
     if isinstance(column, np.ndarray):  # an object array
         _check_entries(name, column)
-    result: torch.Tensor = pinstage.stage_to_device(column, torch.int64, device="cpu")
+    try:
+        result: torch.Tensor = pinstage.stage_to_device(column, torch.int64, device="cpu")
+    except ValueError as exc:  # a value beyond int64: the element's index is the request's
+        raise ValueError(f"write_cache_indices: {name}: {exc}") from None
     return result
 
 
