@@ -12,20 +12,6 @@ namespace pinstage {
 
 namespace {
 
-// An int argument (operator.index, not bool) in [lo, hi]; `what` names it in the error.
-int64_t index_in(PyObject* v, int64_t lo, int64_t hi, const char* what) {
-  TORCH_CHECK_TYPE(PyIndex_Check(v) && !PyBool_Check(v), what, " must be an int, got ", Py_TYPE(v)->tp_name);
-  THPObjectPtr index(checked(PyNumber_Index(v)));
-  int overflow = 0;
-  const long long value = PyLong_AsLongLongAndOverflow(index.get(), &overflow);
-  if (value == -1 && PyErr_Occurred()) throw PythonError();
-  if (overflow != 0 || value < lo || value > hi) {
-    THPObjectPtr text(checked(PyObject_Str(index.get())));
-    TORCH_CHECK_VALUE(false, what, " must be between ", lo, " and ", hi, ", got ", PyUnicode_AsUTF8(text.get()));
-  }
-  return value;
-}
-
 // A sequence argument (a list, a numpy array, a tensor: any iterable but text) as a tuple of its
 // own: Python code run later (an __index__) cannot change it.
 THPObjectPtr as_tuple(PyObject* seq, const char* what) {
@@ -71,8 +57,8 @@ void StaticInputs::write_rows(PyObject* name, PyObject* rows_arg_, PyObject* sta
       const auto where = [&] { return std::string(kWriteRows) + ": " + f.label() + ": write " + std::to_string(i); };
       int64_t row = 0, start = 0;
       with_error_prefix(where, [&] {
-        row = index_in(PyTuple_GET_ITEM(rows.get(), i), 0, max_bs_ - 1, "row");
-        start = index_in(PyTuple_GET_ITEM(starts.get(), i), 0, f.row_numel, "start");
+        row = index_arg(PyTuple_GET_ITEM(rows.get(), i), max_bs_ - 1, "", "row");
+        start = index_arg(PyTuple_GET_ITEM(starts.get(), i), f.row_numel, "", "start");
       });
       with_error_prefix(
           [&] { return where() + " (row " + std::to_string(row) + ", start " + std::to_string(start) + ")"; },

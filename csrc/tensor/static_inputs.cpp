@@ -36,21 +36,6 @@ void repeat_value(uint8_t* dst, const void* value, size_t size, size_t count) {
   }
 }
 
-// n: an int (operator.index, not bool) in [0, max_bs].
-int64_t rows_arg(PyObject* n, int64_t max_bs) {
-  TORCH_CHECK_TYPE(PyIndex_Check(n) && !PyBool_Check(n), kStage, ": n must be an int, got ", Py_TYPE(n)->tp_name);
-  THPObjectPtr index(checked(PyNumber_Index(n)));
-  int overflow = 0;
-  const long long rows = PyLong_AsLongLongAndOverflow(index.get(), &overflow);
-  if (rows == -1 && PyErr_Occurred()) throw PythonError();
-  if (overflow != 0 || rows < 0 || rows > max_bs) {
-    THPObjectPtr text(checked(PyObject_Str(index.get())));
-    TORCH_CHECK_VALUE(false, kStage, ": n must be between 0 and max_bs=", max_bs, ", got ",
-                      PyUnicode_AsUTF8(text.get()));
-  }
-  return rows;
-}
-
 }  // namespace
 
 StaticInputs::StaticInputs(const std::vector<StaticFieldSpec>& specs, int64_t max_bs, PyObject* device)
@@ -146,13 +131,28 @@ StaticInputs::StaticInputs(const std::vector<StaticFieldSpec>& specs, int64_t ma
   dirty_rows_ = 0;
 }
 
+int64_t StaticInputs::index_arg(PyObject* v, int64_t hi, const char* api, const char* what, const char* hi_name) {
+  const char* sep = *api != '\0' ? ": " : "";
+  TORCH_CHECK_TYPE(PyIndex_Check(v) && !PyBool_Check(v), api, sep, what, " must be an int, got ", Py_TYPE(v)->tp_name);
+  THPObjectPtr index(checked(PyNumber_Index(v)));
+  int overflow = 0;
+  const long long value = PyLong_AsLongLongAndOverflow(index.get(), &overflow);
+  if (value == -1 && PyErr_Occurred()) throw PythonError();
+  if (overflow != 0 || value < 0 || value > hi) {
+    THPObjectPtr text(checked(PyObject_Str(index.get())));
+    TORCH_CHECK_VALUE(false, api, sep, what, " must be between 0 and ", hi_name, hi, ", got ",
+                      PyUnicode_AsUTF8(text.get()));
+  }
+  return value;
+}
+
 template <class Fn>
 auto StaticInputs::for_field(size_t i, Fn&& fn) const -> decltype(fn()) {
   return with_error_prefix([&] { return std::string(kStage) + ": " + fields_[i].label(); }, std::forward<Fn>(fn));
 }
 
 void StaticInputs::stage(PyObject* values, PyObject* n_arg, PyObject* stream) {
-  const int64_t n = rows_arg(n_arg, max_bs_);
+  const int64_t n = index_arg(n_arg, max_bs_, kStage, "n", "max_bs=");
   // No stream on the CPU.
   [[maybe_unused]] const Target target = target_on(device_, stream, "StaticInputs.stage");
   const StagingScope scope(staging_, kStage);

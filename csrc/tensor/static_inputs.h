@@ -78,6 +78,9 @@ class StaticInputs {
     size_t nbytes;
   };
 
+  // An int argument (operator.index, not bool) in [0, hi]; its errors open with "api: what" (just
+  // "what" when api is empty) and name hi after hi_name ("max_bs=").
+  static int64_t index_arg(PyObject* v, int64_t hi, const char* api, const char* what, const char* hi_name = "");
   using FieldValues = std::vector<THPObjectPtr>;  // one per field (null: persistent); empty: fills only
   FieldValues field_values(PyObject* values) const;
   // Runs fn() with errors naming field i.
