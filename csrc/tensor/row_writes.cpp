@@ -30,16 +30,8 @@ THPObjectPtr as_tuple(PyObject* seq, const char* what) {
 void StaticInputs::write_rows(PyObject* name, PyObject* rows_arg_, PyObject* starts_arg, PyObject* values_arg) {
   const StagingScope scope(staging_, kWriteRows);
   TORCH_CHECK_TYPE(PyUnicode_Check(name), kWriteRows, ": the field name must be str, got ", Py_TYPE(name)->tp_name);
-  const auto found = std::find_if(fields_.begin(), fields_.end(),
-                                  [&](const Field& f) { return PyUnicode_Compare(name, f.name.get()) == 0; });
-  if (found == fields_.end()) {
-    if (PyErr_Occurred()) throw PythonError();
-    THPObjectPtr text(checked(PyObject_Repr(name)));
-    TORCH_CHECK_VALUE(false, kWriteRows, ": unknown field ", PyUnicode_AsUTF8(text.get()), " (the fields are ",
-                      field_names(), ")");
-  }
-  const size_t field = static_cast<size_t>(found - fields_.begin());
-  const Field& f = *found;
+  const Field& f = field_named(name, kWriteRows);
+  const size_t field = static_cast<size_t>(&f - fields_.data());
   const THPObjectPtr rows = as_tuple(rows_arg_, "rows");
   const THPObjectPtr starts = as_tuple(starts_arg, "starts");
   const THPObjectPtr values = as_tuple(values_arg, "values");

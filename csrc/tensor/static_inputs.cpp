@@ -205,25 +205,24 @@ StaticInputs::FieldValues StaticInputs::field_values(PyObject* values) const {
   PyObject *key, *value;
   Py_ssize_t pos = 0;
   while (PyDict_Next(values, &pos, &key, &value)) {
-    const auto known = std::find_if(fields_.begin(), fields_.end(), [&](const Field& f) {
-      return PyUnicode_Check(key) && PyUnicode_Compare(key, f.name.get()) == 0;
-    });
-    if (known != fields_.end()) {
-      if (!known->persistent) continue;
-      TORCH_CHECK_VALUE(false, kStage, ": ", known->label(),
-                        " is persistent: stage() takes no values for it; change its rows with write_rows()");
-    }
-    THPObjectPtr text(checked(PyObject_Repr(key)));
-    TORCH_CHECK_VALUE(false, kStage, ": unknown field ", PyUnicode_AsUTF8(text.get()), " (the fields are ",
-                      field_names(), ")");
+    const Field& f = field_named(key, kStage);
+    TORCH_CHECK_VALUE(!f.persistent, kStage, ": ", f.label(),
+                      " is persistent: stage() takes no values for it; change its rows with write_rows()");
   }
   return out;
 }
 
-std::string StaticInputs::field_names() const {
+const StaticInputs::Field& StaticInputs::field_named(PyObject* name, const char* api) const {
+  if (PyUnicode_Check(name)) {
+    for (const Field& f : fields_) {
+      if (PyUnicode_Compare(name, f.name.get()) == 0) return f;
+    }
+    if (PyErr_Occurred()) throw PythonError();
+  }
   std::string names;
   for (const Field& f : fields_) names += (names.empty() ? "'" : ", '") + f.name_text + "'";
-  return names;
+  THPObjectPtr text(checked(PyObject_Repr(name)));
+  TORCH_CHECK_VALUE(false, api, ": unknown field ", PyUnicode_AsUTF8(text.get()), " (the fields are ", names, ")");
 }
 
 void StaticInputs::check_rows(size_t i, const ItemPlan& plan, int64_t n) const {

@@ -87,7 +87,9 @@ class StaticInputs {
   template <class Fn>
   auto for_field(size_t i, Fn&& fn) const -> decltype(fn());
   void check_rows(size_t i, const ItemPlan& plan, int64_t n) const;
-  std::string field_names() const;  // 'a', 'b', ... for error messages
+  // The field called `name` (only a str names one); otherwise a ValueError, opened by api, that
+  // names it as unknown and lists the fields.
+  const Field& field_named(PyObject* name, const char* api) const;
   // Bytes [0, end) of the allocation where the last staged field's first `rows` rows end: what one
   // copy covers (0 when every field is persistent).
   size_t bytes_through(int64_t rows) const;
