@@ -114,15 +114,19 @@ StaticInputs::WritePlan StaticInputs::plan_writes() const {
   for (size_t j = 0; j < plan.order.size(); ++j) {
     const PendingWrite& w = pending_[plan.order[j]];
     const PendingWrite* before = j > 0 ? &pending_[plan.order[j - 1]] : nullptr;
-    if (before == nullptr || before->field != w.field || before->row != w.row) ++plan.groups;
+    if (before == nullptr || before->field != w.field || before->row != w.row) {
+      plan.starts.push_back(static_cast<uint32_t>(j));
+    }
   }
-  plan.records = plan.groups == plan.order.size() && longest <= kRecordValues;
+  plan.records = plan.starts.size() == plan.order.size() && longest <= kRecordValues;
+  plan.starts.push_back(static_cast<uint32_t>(plan.order.size()));
   plan.bytes = plan.records ? plan.order.size() * kRecordBytes : contents_at(plan.order.size()) + pending_bytes_.size();
   return plan;
 }
 
 RowWriteParams StaticInputs::pack_writes(const WritePlan& plan, uint8_t* packed, uint8_t* allocation) const {
-  RowWriteParams params{allocation, nullptr, nullptr, nullptr, nullptr, plan.groups};
+  const auto groups = static_cast<uint32_t>(plan.starts.size() - 1);
+  RowWriteParams params{allocation, nullptr, nullptr, nullptr, nullptr, groups};
   const size_t count = plan.order.size();
   if (plan.records) {
     auto* records = reinterpret_cast<RowWriteRecord*>(packed);
@@ -137,20 +141,15 @@ RowWriteParams StaticInputs::pack_writes(const WritePlan& plan, uint8_t* packed,
   }
   auto* ops = reinterpret_cast<RowWriteOp*>(packed);
   auto* starts = reinterpret_cast<uint32_t*>(packed + count * sizeof(RowWriteOp));
-  uint32_t group = 0;
   for (size_t j = 0; j < count; ++j) {
     const PendingWrite& w = pending_[plan.order[j]];
     ops[j] = RowWriteOp{w.dst, w.src, w.nbytes};
-    const PendingWrite* before = j > 0 ? &pending_[plan.order[j - 1]] : nullptr;
-    if (before == nullptr || before->field != w.field || before->row != w.row) {
-      starts[group++] = static_cast<uint32_t>(j);
-    }
   }
-  starts[group] = static_cast<uint32_t>(count);
+  std::memcpy(starts, plan.starts.data(), plan.starts.size() * sizeof(uint32_t));
   if (!pending_bytes_.empty()) std::memcpy(packed + contents_at(count), pending_bytes_.data(), pending_bytes_.size());
   params.ops = ops;
   // Every group one write: the kernel skips the group starts, one trip over the bus less.
-  params.group_starts = plan.groups == count ? nullptr : starts;
+  params.group_starts = groups == count ? nullptr : starts;
   params.contents = packed + contents_at(count);
   return params;
 }

@@ -104,10 +104,11 @@ class StaticInputs {
   void copy_to_device(FieldValues& data, int64_t n, int64_t last_rows, size_t bytes,
                       const c10::cuda::CUDAStream& stream);
   // How the pending writes into persistent fields are packed: their order (grouped by field and
-  // row, call order within a group), how many groups, records or ops, and the bytes that takes.
+  // row, call order within a group), where each group starts in it, records or ops, and the bytes
+  // that takes.
   struct WritePlan {
     std::vector<uint32_t> order;
-    uint32_t groups = 0;
+    std::vector<uint32_t> starts;  // [groups + 1]: each group's first index in order, then order.size()
     bool records = false;
     size_t bytes = 0;
   };
