@@ -73,13 +73,6 @@ void StaticInputs::write_rows(PyObject* name, PyObject* rows_arg_, PyObject* sta
     pending_bytes_.resize(kept_bytes);
     throw;
   }
-  for (size_t k = kept; k < pending_.size(); ++k) {
-    if (f.persistent) {
-      ++persistent_writes_;
-    } else if (field == last_staged_) {
-      pending_last_rows_ = std::max(pending_last_rows_, pending_[k].row + 1);
-    }
-  }
 }
 
 #ifdef PINSTAGE_WITH_CUDA
@@ -93,18 +86,22 @@ size_t contents_at(size_t writes) {
 
 }  // namespace
 
+bool StaticInputs::writes_persistent() const {
+  return std::any_of(pending_.begin(), pending_.end(),
+                     [&](const PendingWrite& w) { return fields_[w.field].persistent; });
+}
+
 StaticInputs::WritePlan StaticInputs::plan_writes() const {
-  // One block per group, and a grid has at most 2**31 - 1 of them.
-  TORCH_CHECK(persistent_writes_ < (size_t{1} << 31), kStage, ": ", persistent_writes_,
-              " row writes in one stage; at most 2**31 - 1 are applied at once");
   WritePlan plan;
-  plan.order.reserve(persistent_writes_);
   size_t longest = 0;
   for (size_t k = 0; k < pending_.size(); ++k) {
     if (!fields_[pending_[k].field].persistent) continue;
     plan.order.push_back(static_cast<uint32_t>(k));
     longest = std::max(longest, pending_[k].nbytes);
   }
+  // One block per group, and a grid has at most 2**31 - 1 of them.
+  TORCH_CHECK(plan.order.size() < (size_t{1} << 31), kStage, ": ", plan.order.size(),
+              " row writes in one stage; at most 2**31 - 1 are applied at once");
   // The writes into one row stay in call order, in one group: a block applies them one after another.
   std::stable_sort(plan.order.begin(), plan.order.end(), [&](uint32_t a, uint32_t b) {
     const PendingWrite& x = pending_[a];

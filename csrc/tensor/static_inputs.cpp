@@ -159,7 +159,8 @@ void StaticInputs::stage(PyObject* values, PyObject* n_arg, PyObject* stream) {
   FieldValues data = field_values(values);
   // The copy's extent depends on n and the pending writes alone, so the region is taken first and
   // each field is converted straight into it.
-  const int64_t last_rows = std::max({n, dirty_rows_, pending_last_rows_});
+  const int64_t written_rows = pending_last_rows();
+  const int64_t last_rows = std::max({n, dirty_rows_, written_rows});
   try {
     if (device_.is_cpu()) {
       copy_to_host_buffer(data, n, last_rows, bytes_through(last_rows));
@@ -174,15 +175,17 @@ void StaticInputs::stage(PyObject* values, PyObject* n_arg, PyObject* stream) {
     dirty_rows_ = std::max(dirty_rows_, n);
     throw;
   }
-  dirty_rows_ = std::max(n, pending_last_rows_);
-  clear_writes();
-}
-
-void StaticInputs::clear_writes() {
+  dirty_rows_ = std::max(n, written_rows);
   pending_.clear();
   pending_bytes_.clear();
-  persistent_writes_ = 0;
-  pending_last_rows_ = 0;
+}
+
+int64_t StaticInputs::pending_last_rows() const {
+  int64_t rows = 0;
+  for (const PendingWrite& w : pending_) {
+    if (w.field == last_staged_) rows = std::max(rows, w.row + 1);
+  }
+  return rows;
 }
 
 StaticInputs::FieldValues StaticInputs::field_values(PyObject* values) const {

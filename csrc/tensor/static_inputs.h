@@ -103,6 +103,7 @@ class StaticInputs {
 #ifdef PINSTAGE_WITH_CUDA
   void copy_to_device(FieldValues& data, int64_t n, int64_t last_rows, size_t bytes,
                       const c10::cuda::CUDAStream& stream);
+  bool writes_persistent() const;  // whether a pending write goes to a persistent field
   // How the pending writes into persistent fields are packed: their order (grouped by field and
   // row, call order within a group), where each group starts in it, records or ops, and the bytes
   // that takes.
@@ -117,8 +118,7 @@ class StaticInputs {
   RowWriteParams pack_writes(const WritePlan& plan, uint8_t* packed, uint8_t* allocation) const;
   void* record_on(const c10::cuda::CUDAStream& stream);
 #endif
-  bool writes_persistent() const { return persistent_writes_ > 0; }
-  void clear_writes();
+  int64_t pending_last_rows() const;  // rows of the last staged field that pending writes reach
   // Python code run during a conversion (the fallback) could shrink the allocation's storage.
   void check_storage_intact() const;
 
@@ -139,8 +139,6 @@ class StaticInputs {
   // Writes for the next stage, in call order, and their converted values (each at a 16-byte offset).
   std::vector<PendingWrite> pending_;
   std::vector<uint8_t> pending_bytes_;
-  size_t persistent_writes_ = 0;      // how many of pending_ go to persistent fields
-  int64_t pending_last_rows_ = 0;     // rows of the last staged field that pending writes reach
   std::vector<uint8_t> host_region_;  // the CPU path's region: one stage() at a time uses it
 #ifdef PINSTAGE_WITH_CUDA
   std::optional<c10::cuda::CUDAStream> allocation_stream_;
