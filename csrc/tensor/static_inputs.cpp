@@ -39,7 +39,7 @@ void repeat_value(uint8_t* dst, const void* value, size_t size, size_t count) {
 }  // namespace
 
 StaticInputs::StaticInputs(const std::vector<StaticFieldSpec>& specs, int64_t max_bs, PyObject* device)
-    : last_staged_(specs.size()), max_bs_(max_bs), device_(resolve_device(device)), dirty_rows_(max_bs) {
+    : last_staged_(specs.size()), max_bs_(max_bs), device_(resolve_device(device)) {
   TORCH_CHECK_VALUE(!specs.empty(), "pinstage.StaticInputs: at least one field is needed");
   TORCH_CHECK_VALUE(max_bs > 0, "pinstage.StaticInputs: max_bs must be positive, got ", max_bs);
   std::vector<std::vector<int64_t>> shapes;
@@ -120,15 +120,17 @@ StaticInputs::StaticInputs(const std::vector<StaticFieldSpec>& specs, int64_t ma
   }
   data_ = buffer_.storage().data();
   // Every row of every field at its fill, by the path a stage takes.
-  FieldValues no_values;
+  const auto fills = [this](uint8_t* region) {
+    if (!fill_image_.empty()) std::memcpy(region, fill_image_.data(), fill_image_.size());
+    return size_t{0};
+  };
   if (device_.is_cpu()) {
-    copy_to_host_buffer(no_values, 0, max_bs_, end);
+    copy_to_host_buffer(end, fills);
   } else {
 #ifdef PINSTAGE_WITH_CUDA
-    copy_to_device(no_values, 0, max_bs_, end, *allocation_stream_);
+    copy_to_device(end, fills, *allocation_stream_);
 #endif
   }
-  dirty_rows_ = 0;
 }
 
 int64_t StaticInputs::index_arg(PyObject* v, int64_t hi, const char* api, const char* what, const char* hi_name) {
@@ -161,12 +163,14 @@ void StaticInputs::stage(PyObject* values, PyObject* n_arg, PyObject* stream) {
   // each field is converted straight into it.
   const int64_t written_rows = pending_last_rows();
   const int64_t last_rows = std::max({n, dirty_rows_, written_rows});
+  const size_t bytes = bytes_through(last_rows);
+  const auto write = [&](uint8_t* region) { return write_region(region, data, n, last_rows); };
   try {
     if (device_.is_cpu()) {
-      copy_to_host_buffer(data, n, last_rows, bytes_through(last_rows));
+      copy_to_host_buffer(bytes, write);
     } else {
 #ifdef PINSTAGE_WITH_CUDA
-      copy_to_device(data, n, last_rows, bytes_through(last_rows), *target.stream);
+      copy_to_device(bytes, write, *target.stream);
 #endif
     }
   } catch (...) {
@@ -239,28 +243,22 @@ size_t StaticInputs::bytes_through(int64_t rows) const {
   return fields_[last_staged_].offset + static_cast<size_t>(rows) * fields_[last_staged_].row_bytes;
 }
 
-size_t StaticInputs::write_region(uint8_t* region, FieldValues& data, int64_t n, int64_t last_rows,
-                                  size_t bytes) const {
+size_t StaticInputs::write_region(uint8_t* region, FieldValues& data, int64_t n, int64_t last_rows) const {
   size_t fallbacks = 0;
   for (size_t i = 0; i < fields_.size(); ++i) {
     const Field& f = fields_[i];
     if (f.persistent) continue;
-    if (!data.empty()) {
-      for_field(i, [&] {
-        ItemPlan plan = plan_item(data[i].get(), f.dtype);  // a fallback's Python code runs here
-        check_rows(i, plan, n);
-        write_fresh_item(plan, plan.nbytes > 0 ? region + f.offset : nullptr);
-        fallbacks += plan.via_fallback ? 1 : 0;
-      });
-    }
+    for_field(i, [&] {
+      ItemPlan plan = plan_item(data[i].get(), f.dtype);  // a fallback's Python code runs here
+      check_rows(i, plan, n);
+      write_fresh_item(plan, plan.nbytes > 0 ? region + f.offset : nullptr);
+      fallbacks += plan.via_fallback ? 1 : 0;
+    });
     const size_t rows_end = static_cast<size_t>(i == last_staged_ ? last_rows : max_bs_);
     const size_t from = f.offset + static_cast<size_t>(n) * f.row_bytes;
     const size_t to = f.offset + rows_end * f.row_bytes;
     if (to > from) std::memcpy(region + from, fill_image_.data() + from, to - from);
   }
-  // Construction: the persistent fields' fills too.
-  const size_t staged_end = bytes_through(last_rows);
-  if (bytes > staged_end) std::memcpy(region + staged_end, fill_image_.data() + staged_end, bytes - staged_end);
   // Row writes into staged fields land over this step's values, in call order.
   for (const PendingWrite& w : pending_) {
     if (!fields_[w.field].persistent && w.nbytes > 0)
@@ -276,10 +274,10 @@ void StaticInputs::check_storage_intact() const {
               "being converted; a graph captured its old address; nothing was staged");
 }
 
-void StaticInputs::copy_to_host_buffer(FieldValues& data, int64_t n, int64_t last_rows, size_t bytes) {
+void StaticInputs::copy_to_host_buffer(size_t bytes, RegionWriter write) {
   // Through a region of its own: a bad value in a later field must leave the views as they were.
   host_region_.resize(std::max<size_t>(bytes, 1));
-  const size_t fallbacks = write_region(host_region_.data(), data, n, last_rows, bytes);
+  const size_t fallbacks = write(host_region_.data());
   check_storage_intact();
   uint8_t* const allocation = static_cast<uint8_t*>(buffer_.data_ptr());
   if (bytes > 0) std::memcpy(allocation, host_region_.data(), bytes);
@@ -303,14 +301,10 @@ void* StaticInputs::record_on(const c10::cuda::CUDAStream& stream) {
   return buffer_.data_ptr();
 }
 
-void StaticInputs::copy_to_device(FieldValues& data, int64_t n, int64_t last_rows, size_t bytes,
-                                  const c10::cuda::CUDAStream& stream) {
+void StaticInputs::copy_to_device(size_t bytes, RegionWriter write, const c10::cuda::CUDAStream& stream) {
   c10::cuda::CUDAGuard device_guard(device_.index());
   if (!writes_persistent()) {
-    copy_through_ring(
-        device_.index(), bytes, stream.stream(),
-        [&](uint8_t* region) { return write_region(region, data, n, last_rows, bytes); },
-        [&]() -> void* { return record_on(stream); });
+    copy_through_ring(device_.index(), bytes, stream.stream(), write, [&]() -> void* { return record_on(stream); });
     return;
   }
   // The step's bytes, then the packed writes, in ONE region: one copy of the first part, then the
@@ -320,7 +314,7 @@ void StaticInputs::copy_to_device(FieldValues& data, int64_t n, int64_t last_row
   const size_t packed_at = align_up(bytes, kStagingAlignment);
   const size_t total = packed_at + plan.bytes;
   LeaseGuard lease(ring, total);
-  const size_t fallbacks = write_region(lease.data(), data, n, last_rows, bytes);
+  const size_t fallbacks = write(lease.data());
   void* const dst = record_on(stream);
   const RowWriteParams params = pack_writes(plan, lease.data() + packed_at, static_cast<uint8_t*>(dst));
   if (bytes > 0) lease.copy(dst, lease.data(), bytes, cudaMemcpyHostToDevice, stream.stream());
