@@ -259,12 +259,18 @@ size_t StaticInputs::write_region(uint8_t* region, FieldValues& data, int64_t n,
     const size_t to = f.offset + rows_end * f.row_bytes;
     if (to > from) std::memcpy(region + from, fill_image_.data() + from, to - from);
   }
-  // Row writes into staged fields land over this step's values, in call order.
-  for (const PendingWrite& w : pending_) {
-    if (!fields_[w.field].persistent && w.nbytes > 0)
-      std::memcpy(region + w.dst, pending_bytes_.data() + w.src, w.nbytes);
-  }
+  apply_writes(region, false);  // over this step's values
   return fallbacks;
+}
+
+size_t StaticInputs::apply_writes(uint8_t* base, bool persistent) const {
+  size_t written = 0;
+  for (const PendingWrite& w : pending_) {  // in call order: a later write wins
+    if (fields_[w.field].persistent != persistent || w.nbytes == 0) continue;
+    std::memcpy(base + w.dst, pending_bytes_.data() + w.src, w.nbytes);
+    written += w.nbytes;
+  }
+  return written;
 }
 
 void StaticInputs::check_storage_intact() const {
@@ -281,13 +287,7 @@ void StaticInputs::copy_to_host_buffer(size_t bytes, RegionWriter write) {
   check_storage_intact();
   uint8_t* const allocation = static_cast<uint8_t*>(buffer_.data_ptr());
   if (bytes > 0) std::memcpy(allocation, host_region_.data(), bytes);
-  size_t written = bytes;
-  for (const PendingWrite& w : pending_) {  // in call order: a later write wins
-    if (!fields_[w.field].persistent || w.nbytes == 0) continue;
-    std::memcpy(allocation + w.dst, pending_bytes_.data() + w.src, w.nbytes);
-    written += w.nbytes;
-  }
-  cpu_counters().record(written, 0, fallbacks);
+  cpu_counters().record(bytes + apply_writes(allocation, true), 0, fallbacks);
 }
 
 #ifdef PINSTAGE_WITH_CUDA

@@ -99,6 +99,9 @@ class StaticInputs {
   // those fields; returns how many fields went through torch.tensor. A field's Python code (a
   // fallback) runs after the fields before it are written, so it cannot change them.
   size_t write_region(uint8_t* region, FieldValues& data, int64_t n, int64_t last_rows) const;
+  // Copies the pending writes into the persistent (or the staged) fields to `base`, laid out like
+  // the allocation, in call order; returns their bytes.
+  size_t apply_writes(uint8_t* base, bool persistent) const;
   // Fills a region of the copy's bytes (a stage's write_region, the construction's fills); returns
   // how many fields went through torch.tensor.
   using RegionWriter = c10::function_ref<size_t(uint8_t*)>;
