@@ -9,7 +9,7 @@ import os
 import random
 
 import pytest
-from support import ROOT
+from support import ROOT, run_child
 from torch.utils import cpp_extension
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -230,3 +230,35 @@ def test_a_full_ring_offers_to_wait_only_for_a_region_that_can_complete_on_its_o
     ring.complete(1)
     assert ring.release_completed() == 1
     assert ring.oldest_marker() == 2
+
+
+# A child process: its rings are fresh. The sleep (about 0.5 s) shows whether a call waited for the device.
+RESIZED_BEFORE_AND_AFTER_PINNING = """
+import torch, pinstage
+pinstage.configure(ring_bytes=1 << 16, device=0)  # makes the device's rings, pinning nothing
+torch.cuda._sleep(10**9)
+done = torch.cuda.Event()
+done.record()
+pinstage.configure(ring_bytes=1 << 17, device=0)  # an unpinned slab: replaced, nothing to free
+pinstage.empty_cache(0)
+assert not done.query(), "configure() or empty_cache() waited for the device with no pinned memory to free"
+s = pinstage.stats(0)
+assert not s["ring_allocated"] and (1 << 17) <= s["ring_bytes"] < (1 << 18), s
+first = pinstage.stage_to_device(list(range(1000)), torch.int64)
+assert pinstage.stats(0)["ring_allocated"]
+pinstage.configure(ring_bytes=1 << 16, device=0)  # retires the pinned slab, freed once its copy is done
+second = pinstage.stage_to_device(list(range(500)), torch.int64)
+pinstage.empty_cache(0)
+torch.cuda.synchronize()
+assert first.cpu().tolist() == list(range(1000)) and second.cpu().tolist() == list(range(500))
+s = pinstage.stats(0)
+assert s["ring_allocated"] and (1 << 16) <= s["ring_bytes"] < (1 << 17) and s["in_flight_bytes"] == 0, s
+print("ok")
+"""
+
+
+@pytest.mark.cuda
+def test_configure_before_the_first_staging_frees_nothing_and_after_it_frees_the_old_ring():
+    """configure(ring_bytes=...) before a ring was ever pinned replaces it without waiting for the
+    device; after a staging it retires the pinned ring, and copies from both rings keep their values."""
+    assert "ok" in run_child(RESIZED_BEFORE_AND_AFTER_PINNING, timeout=120)

@@ -514,3 +514,70 @@ def test_a_graph_replayed_after_each_stage_reads_the_rows_written(cuda_ring):
     torch.cuda.synchronize()
     for k, (got, want) in enumerate(zip(results, expected_out)):
         assert torch.equal(got.cpu(), want), "replay %d" % k
+
+
+NAMES = "(the fields are 'input_ids', 'block_table', 'history', 'slots')"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "call, exc_type, message",
+    [
+        (("stage", 17), ValueError, "pinstage.StaticInputs.stage: n must be between 0 and max_bs=16, got 17"),
+        (
+            ("stage", 2**70),
+            ValueError,
+            "pinstage.StaticInputs.stage: n must be between 0 and max_bs=16, got %d" % 2**70,
+        ),
+        (("stage", 1.0), TypeError, "pinstage.StaticInputs.stage: n must be an int, got float"),
+        (("stage", True), TypeError, "pinstage.StaticInputs.stage: n must be an int, got bool"),
+        (("stage", 4, "top_p"), ValueError, "pinstage.StaticInputs.stage: unknown field 'top_p' " + NAMES),
+        (("stage", 4, 3), ValueError, "pinstage.StaticInputs.stage: unknown field 3 " + NAMES),
+        (
+            ("stage", 4, "history"),
+            ValueError,
+            "pinstage.StaticInputs.stage: field 'history' is persistent: stage() takes no values for it; "
+            "change its rows with write_rows()",
+        ),
+        (
+            ("write_rows", "top_p", [0], [0]),
+            ValueError,
+            "pinstage.StaticInputs.write_rows: unknown field 'top_p' " + NAMES,
+        ),
+        (
+            ("write_rows", "block_table", [16], [0]),
+            ValueError,
+            "pinstage.StaticInputs.write_rows: field 'block_table': write 0: row must be between 0 and 15, got 16",
+        ),
+        (
+            ("write_rows", "block_table", [1], [25]),
+            ValueError,
+            "pinstage.StaticInputs.write_rows: field 'block_table': write 0: start must be between 0 and 24, got 25",
+        ),
+        (
+            ("write_rows", "block_table", [1.5], [0]),
+            TypeError,
+            "pinstage.StaticInputs.write_rows: field 'block_table': write 0: row must be an int, got float",
+        ),
+        (
+            ("write_rows", "history", [0], [False]),
+            TypeError,
+            "pinstage.StaticInputs.write_rows: field 'history': write 0: start must be an int, got bool",
+        ),
+    ],
+)
+def test_argument_and_field_errors_read_exactly(device, call, exc_type, message):
+    """stage()'s n and write_rows' row and start are checked by one function, and both calls look
+    fields up by one: each error's whole text, as the callers of either have always read it."""
+    inputs, ref = pending_state(device)
+    before = inputs.pending_writes
+    with pytest.raises(exc_type) as err:
+        if call[0] == "stage":
+            values = step_values(4, seeded_rng("exact"))
+            if len(call) > 2:
+                values[call[2]] = [1]
+            inputs.stage(values, call[1])
+        else:
+            inputs.write_rows(call[1], call[2], call[3], [[1]])
+    assert str(err.value) == message
+    assert_pending_intact(inputs, ref, device, before)

@@ -62,9 +62,7 @@ inline void drain_device(c10::DeviceIndex device) {
 // Frees pinned blocks once drain_device() returned; only configure() and empty_cache() call this.
 inline void free_pinned(const std::vector<uint8_t*>& blocks, c10::DeviceIndex device) {
   const RingCudaScope scope(device);
-  for (uint8_t* p : blocks) {
-    if (p != nullptr) C10_CUDA_CHECK(cudaFreeHost(p));
-  }
+  for (uint8_t* p : blocks) C10_CUDA_CHECK(cudaFreeHost(p));
 }
 
 }  // namespace pinstage

@@ -44,9 +44,6 @@ void StagingRing::release_completed_locked() {
 void StagingRing::free_unused() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    // A slab retired before it was ever pinned (configure() before the first staging) holds nothing.
-    retired_.erase(std::remove_if(retired_.begin(), retired_.end(), [](const auto& s) { return s->base == nullptr; }),
-                   retired_.end());
     if (retired_.empty() && overflow_.reserved_bytes() == 0) return;  // nothing that could be freed
   }
   drain_device(device_);  // before anything is taken: if it fails, every block stays where it was
@@ -226,11 +223,13 @@ void StagingRing::set_options(std::optional<size_t> capacity, std::optional<OnFu
     std::lock_guard<std::mutex> alloc(alloc_mu_);
     std::lock_guard<std::mutex> lock(mu_);
     if (*capacity == capacity_) return;
-    // The old slab is retired, and freed by free_unused() below once nothing uses it.
-    Slab& old = *slab_;
-    wraps_retired_ += old.ring.wraps();
-    peak_retired_ = std::max(peak_retired_, old.ring.peak_in_flight_bytes());
-    retired_.push_back(std::move(slab_));
+    // A pinned slab is retired, and freed by free_unused() below once nothing uses it; one never
+    // pinned (configure() before the first staging) has no region and is simply replaced.
+    if (slab_->base != nullptr) {
+      wraps_retired_ += slab_->ring.wraps();
+      peak_retired_ = std::max(peak_retired_, slab_->ring.peak_in_flight_bytes());
+      retired_.push_back(std::move(slab_));
+    }
     slab_ = std::make_unique<Slab>(*capacity);
     capacity_ = *capacity;
     fences_.set_bytes_per_fence(capacity_ / kFencesPerRing);

@@ -12,20 +12,6 @@ namespace pinstage {
 
 namespace {
 
-// An int argument (operator.index, not bool) in [lo, hi]; `what` names it in the error.
-int64_t index_in(PyObject* v, int64_t lo, int64_t hi, const char* what) {
-  TORCH_CHECK_TYPE(PyIndex_Check(v) && !PyBool_Check(v), what, " must be an int, got ", Py_TYPE(v)->tp_name);
-  THPObjectPtr index(checked(PyNumber_Index(v)));
-  int overflow = 0;
-  const long long value = PyLong_AsLongLongAndOverflow(index.get(), &overflow);
-  if (value == -1 && PyErr_Occurred()) throw PythonError();
-  if (overflow != 0 || value < lo || value > hi) {
-    THPObjectPtr text(checked(PyObject_Str(index.get())));
-    TORCH_CHECK_VALUE(false, what, " must be between ", lo, " and ", hi, ", got ", PyUnicode_AsUTF8(text.get()));
-  }
-  return value;
-}
-
 // A sequence argument (a list, a numpy array, a tensor: any iterable but text) as a tuple of its
 // own: Python code run later (an __index__) cannot change it.
 THPObjectPtr as_tuple(PyObject* seq, const char* what) {
@@ -44,16 +30,8 @@ THPObjectPtr as_tuple(PyObject* seq, const char* what) {
 void StaticInputs::write_rows(PyObject* name, PyObject* rows_arg_, PyObject* starts_arg, PyObject* values_arg) {
   const StagingScope scope(staging_, kWriteRows);
   TORCH_CHECK_TYPE(PyUnicode_Check(name), kWriteRows, ": the field name must be str, got ", Py_TYPE(name)->tp_name);
-  const auto found = std::find_if(fields_.begin(), fields_.end(),
-                                  [&](const Field& f) { return PyUnicode_Compare(name, f.name.get()) == 0; });
-  if (found == fields_.end()) {
-    if (PyErr_Occurred()) throw PythonError();
-    THPObjectPtr text(checked(PyObject_Repr(name)));
-    TORCH_CHECK_VALUE(false, kWriteRows, ": unknown field ", PyUnicode_AsUTF8(text.get()), " (the fields are ",
-                      field_names(), ")");
-  }
-  const size_t field = static_cast<size_t>(found - fields_.begin());
-  const Field& f = *found;
+  const Field& f = field_named(name, kWriteRows);
+  const size_t field = static_cast<size_t>(&f - fields_.data());
   const THPObjectPtr rows = as_tuple(rows_arg_, "rows");
   const THPObjectPtr starts = as_tuple(starts_arg, "starts");
   const THPObjectPtr values = as_tuple(values_arg, "values");
@@ -71,8 +49,8 @@ void StaticInputs::write_rows(PyObject* name, PyObject* rows_arg_, PyObject* sta
       const auto where = [&] { return std::string(kWriteRows) + ": " + f.label() + ": write " + std::to_string(i); };
       int64_t row = 0, start = 0;
       with_error_prefix(where, [&] {
-        row = index_in(PyTuple_GET_ITEM(rows.get(), i), 0, max_bs_ - 1, "row");
-        start = index_in(PyTuple_GET_ITEM(starts.get(), i), 0, f.row_numel, "start");
+        row = index_arg(PyTuple_GET_ITEM(rows.get(), i), max_bs_ - 1, "", "row");
+        start = index_arg(PyTuple_GET_ITEM(starts.get(), i), f.row_numel, "", "start");
       });
       with_error_prefix(
           [&] { return where() + " (row " + std::to_string(row) + ", start " + std::to_string(start) + ")"; },
@@ -95,13 +73,6 @@ void StaticInputs::write_rows(PyObject* name, PyObject* rows_arg_, PyObject* sta
     pending_bytes_.resize(kept_bytes);
     throw;
   }
-  for (size_t k = kept; k < pending_.size(); ++k) {
-    if (f.persistent) {
-      ++persistent_writes_;
-    } else if (field == last_staged_) {
-      pending_last_rows_ = std::max(pending_last_rows_, pending_[k].row + 1);
-    }
-  }
 }
 
 #ifdef PINSTAGE_WITH_CUDA
@@ -115,18 +86,22 @@ size_t contents_at(size_t writes) {
 
 }  // namespace
 
+bool StaticInputs::writes_persistent() const {
+  return std::any_of(pending_.begin(), pending_.end(),
+                     [&](const PendingWrite& w) { return fields_[w.field].persistent; });
+}
+
 StaticInputs::WritePlan StaticInputs::plan_writes() const {
-  // One block per group, and a grid has at most 2**31 - 1 of them.
-  TORCH_CHECK(persistent_writes_ < (size_t{1} << 31), kStage, ": ", persistent_writes_,
-              " row writes in one stage; at most 2**31 - 1 are applied at once");
   WritePlan plan;
-  plan.order.reserve(persistent_writes_);
   size_t longest = 0;
   for (size_t k = 0; k < pending_.size(); ++k) {
     if (!fields_[pending_[k].field].persistent) continue;
     plan.order.push_back(static_cast<uint32_t>(k));
     longest = std::max(longest, pending_[k].nbytes);
   }
+  // One block per group, and a grid has at most 2**31 - 1 of them.
+  TORCH_CHECK(plan.order.size() < (size_t{1} << 31), kStage, ": ", plan.order.size(),
+              " row writes in one stage; at most 2**31 - 1 are applied at once");
   // The writes into one row stay in call order, in one group: a block applies them one after another.
   std::stable_sort(plan.order.begin(), plan.order.end(), [&](uint32_t a, uint32_t b) {
     const PendingWrite& x = pending_[a];
@@ -136,15 +111,19 @@ StaticInputs::WritePlan StaticInputs::plan_writes() const {
   for (size_t j = 0; j < plan.order.size(); ++j) {
     const PendingWrite& w = pending_[plan.order[j]];
     const PendingWrite* before = j > 0 ? &pending_[plan.order[j - 1]] : nullptr;
-    if (before == nullptr || before->field != w.field || before->row != w.row) ++plan.groups;
+    if (before == nullptr || before->field != w.field || before->row != w.row) {
+      plan.starts.push_back(static_cast<uint32_t>(j));
+    }
   }
-  plan.records = plan.groups == plan.order.size() && longest <= kRecordValues;
+  plan.records = plan.starts.size() == plan.order.size() && longest <= kRecordValues;
+  plan.starts.push_back(static_cast<uint32_t>(plan.order.size()));
   plan.bytes = plan.records ? plan.order.size() * kRecordBytes : contents_at(plan.order.size()) + pending_bytes_.size();
   return plan;
 }
 
 RowWriteParams StaticInputs::pack_writes(const WritePlan& plan, uint8_t* packed, uint8_t* allocation) const {
-  RowWriteParams params{allocation, nullptr, nullptr, nullptr, nullptr, plan.groups};
+  const auto groups = static_cast<uint32_t>(plan.starts.size() - 1);
+  RowWriteParams params{allocation, nullptr, nullptr, nullptr, nullptr, groups};
   const size_t count = plan.order.size();
   if (plan.records) {
     auto* records = reinterpret_cast<RowWriteRecord*>(packed);
@@ -159,20 +138,15 @@ RowWriteParams StaticInputs::pack_writes(const WritePlan& plan, uint8_t* packed,
   }
   auto* ops = reinterpret_cast<RowWriteOp*>(packed);
   auto* starts = reinterpret_cast<uint32_t*>(packed + count * sizeof(RowWriteOp));
-  uint32_t group = 0;
   for (size_t j = 0; j < count; ++j) {
     const PendingWrite& w = pending_[plan.order[j]];
     ops[j] = RowWriteOp{w.dst, w.src, w.nbytes};
-    const PendingWrite* before = j > 0 ? &pending_[plan.order[j - 1]] : nullptr;
-    if (before == nullptr || before->field != w.field || before->row != w.row) {
-      starts[group++] = static_cast<uint32_t>(j);
-    }
   }
-  starts[group] = static_cast<uint32_t>(count);
+  std::memcpy(starts, plan.starts.data(), plan.starts.size() * sizeof(uint32_t));
   if (!pending_bytes_.empty()) std::memcpy(packed + contents_at(count), pending_bytes_.data(), pending_bytes_.size());
   params.ops = ops;
   // Every group one write: the kernel skips the group starts, one trip over the bus less.
-  params.group_starts = plan.groups == count ? nullptr : starts;
+  params.group_starts = groups == count ? nullptr : starts;
   params.contents = packed + contents_at(count);
   return params;
 }

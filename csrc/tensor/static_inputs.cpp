@@ -36,25 +36,10 @@ void repeat_value(uint8_t* dst, const void* value, size_t size, size_t count) {
   }
 }
 
-// n: an int (operator.index, not bool) in [0, max_bs].
-int64_t rows_arg(PyObject* n, int64_t max_bs) {
-  TORCH_CHECK_TYPE(PyIndex_Check(n) && !PyBool_Check(n), kStage, ": n must be an int, got ", Py_TYPE(n)->tp_name);
-  THPObjectPtr index(checked(PyNumber_Index(n)));
-  int overflow = 0;
-  const long long rows = PyLong_AsLongLongAndOverflow(index.get(), &overflow);
-  if (rows == -1 && PyErr_Occurred()) throw PythonError();
-  if (overflow != 0 || rows < 0 || rows > max_bs) {
-    THPObjectPtr text(checked(PyObject_Str(index.get())));
-    TORCH_CHECK_VALUE(false, kStage, ": n must be between 0 and max_bs=", max_bs, ", got ",
-                      PyUnicode_AsUTF8(text.get()));
-  }
-  return rows;
-}
-
 }  // namespace
 
 StaticInputs::StaticInputs(const std::vector<StaticFieldSpec>& specs, int64_t max_bs, PyObject* device)
-    : last_staged_(specs.size()), max_bs_(max_bs), device_(resolve_device(device)), dirty_rows_(max_bs) {
+    : last_staged_(specs.size()), max_bs_(max_bs), device_(resolve_device(device)) {
   TORCH_CHECK_VALUE(!specs.empty(), "pinstage.StaticInputs: at least one field is needed");
   TORCH_CHECK_VALUE(max_bs > 0, "pinstage.StaticInputs: max_bs must be positive, got ", max_bs);
   std::vector<std::vector<int64_t>> shapes;
@@ -135,15 +120,32 @@ StaticInputs::StaticInputs(const std::vector<StaticFieldSpec>& specs, int64_t ma
   }
   data_ = buffer_.storage().data();
   // Every row of every field at its fill, by the path a stage takes.
-  FieldValues no_values;
+  const auto fills = [this](uint8_t* region) {
+    if (!fill_image_.empty()) std::memcpy(region, fill_image_.data(), fill_image_.size());
+    return size_t{0};
+  };
   if (device_.is_cpu()) {
-    copy_to_host_buffer(no_values, 0, max_bs_, end);
+    copy_to_host_buffer(end, fills);
   } else {
 #ifdef PINSTAGE_WITH_CUDA
-    copy_to_device(no_values, 0, max_bs_, end, *allocation_stream_);
+    copy_to_device(end, fills, *allocation_stream_);
 #endif
   }
-  dirty_rows_ = 0;
+}
+
+int64_t StaticInputs::index_arg(PyObject* v, int64_t hi, const char* api, const char* what, const char* hi_name) {
+  const char* sep = *api != '\0' ? ": " : "";
+  TORCH_CHECK_TYPE(PyIndex_Check(v) && !PyBool_Check(v), api, sep, what, " must be an int, got ", Py_TYPE(v)->tp_name);
+  THPObjectPtr index(checked(PyNumber_Index(v)));
+  int overflow = 0;
+  const long long value = PyLong_AsLongLongAndOverflow(index.get(), &overflow);
+  if (value == -1 && PyErr_Occurred()) throw PythonError();
+  if (overflow != 0 || value < 0 || value > hi) {
+    THPObjectPtr text(checked(PyObject_Str(index.get())));
+    TORCH_CHECK_VALUE(false, api, sep, what, " must be between 0 and ", hi_name, hi, ", got ",
+                      PyUnicode_AsUTF8(text.get()));
+  }
+  return value;
 }
 
 template <class Fn>
@@ -152,20 +154,23 @@ auto StaticInputs::for_field(size_t i, Fn&& fn) const -> decltype(fn()) {
 }
 
 void StaticInputs::stage(PyObject* values, PyObject* n_arg, PyObject* stream) {
-  const int64_t n = rows_arg(n_arg, max_bs_);
+  const int64_t n = index_arg(n_arg, max_bs_, kStage, "n", "max_bs=");
   // No stream on the CPU.
   [[maybe_unused]] const Target target = target_on(device_, stream, "StaticInputs.stage");
   const StagingScope scope(staging_, kStage);
   FieldValues data = field_values(values);
   // The copy's extent depends on n and the pending writes alone, so the region is taken first and
   // each field is converted straight into it.
-  const int64_t last_rows = std::max({n, dirty_rows_, pending_last_rows_});
+  const int64_t written_rows = pending_last_rows();
+  const int64_t last_rows = std::max({n, dirty_rows_, written_rows});
+  const size_t bytes = bytes_through(last_rows);
+  const auto write = [&](uint8_t* region) { return write_region(region, data, n, last_rows); };
   try {
     if (device_.is_cpu()) {
-      copy_to_host_buffer(data, n, last_rows, bytes_through(last_rows));
+      copy_to_host_buffer(bytes, write);
     } else {
 #ifdef PINSTAGE_WITH_CUDA
-      copy_to_device(data, n, last_rows, bytes_through(last_rows), *target.stream);
+      copy_to_device(bytes, write, *target.stream);
 #endif
     }
   } catch (...) {
@@ -174,15 +179,17 @@ void StaticInputs::stage(PyObject* values, PyObject* n_arg, PyObject* stream) {
     dirty_rows_ = std::max(dirty_rows_, n);
     throw;
   }
-  dirty_rows_ = std::max(n, pending_last_rows_);
-  clear_writes();
-}
-
-void StaticInputs::clear_writes() {
+  dirty_rows_ = std::max(n, written_rows);
   pending_.clear();
   pending_bytes_.clear();
-  persistent_writes_ = 0;
-  pending_last_rows_ = 0;
+}
+
+int64_t StaticInputs::pending_last_rows() const {
+  int64_t rows = 0;
+  for (const PendingWrite& w : pending_) {
+    if (w.field == last_staged_) rows = std::max(rows, w.row + 1);
+  }
+  return rows;
 }
 
 StaticInputs::FieldValues StaticInputs::field_values(PyObject* values) const {
@@ -205,25 +212,24 @@ StaticInputs::FieldValues StaticInputs::field_values(PyObject* values) const {
   PyObject *key, *value;
   Py_ssize_t pos = 0;
   while (PyDict_Next(values, &pos, &key, &value)) {
-    const auto known = std::find_if(fields_.begin(), fields_.end(), [&](const Field& f) {
-      return PyUnicode_Check(key) && PyUnicode_Compare(key, f.name.get()) == 0;
-    });
-    if (known != fields_.end()) {
-      if (!known->persistent) continue;
-      TORCH_CHECK_VALUE(false, kStage, ": ", known->label(),
-                        " is persistent: stage() takes no values for it; change its rows with write_rows()");
-    }
-    THPObjectPtr text(checked(PyObject_Repr(key)));
-    TORCH_CHECK_VALUE(false, kStage, ": unknown field ", PyUnicode_AsUTF8(text.get()), " (the fields are ",
-                      field_names(), ")");
+    const Field& f = field_named(key, kStage);
+    TORCH_CHECK_VALUE(!f.persistent, kStage, ": ", f.label(),
+                      " is persistent: stage() takes no values for it; change its rows with write_rows()");
   }
   return out;
 }
 
-std::string StaticInputs::field_names() const {
+const StaticInputs::Field& StaticInputs::field_named(PyObject* name, const char* api) const {
+  if (PyUnicode_Check(name)) {
+    for (const Field& f : fields_) {
+      if (PyUnicode_Compare(name, f.name.get()) == 0) return f;
+    }
+    if (PyErr_Occurred()) throw PythonError();
+  }
   std::string names;
   for (const Field& f : fields_) names += (names.empty() ? "'" : ", '") + f.name_text + "'";
-  return names;
+  THPObjectPtr text(checked(PyObject_Repr(name)));
+  TORCH_CHECK_VALUE(false, api, ": unknown field ", PyUnicode_AsUTF8(text.get()), " (the fields are ", names, ")");
 }
 
 void StaticInputs::check_rows(size_t i, const ItemPlan& plan, int64_t n) const {
@@ -237,34 +243,34 @@ size_t StaticInputs::bytes_through(int64_t rows) const {
   return fields_[last_staged_].offset + static_cast<size_t>(rows) * fields_[last_staged_].row_bytes;
 }
 
-size_t StaticInputs::write_region(uint8_t* region, FieldValues& data, int64_t n, int64_t last_rows,
-                                  size_t bytes) const {
+size_t StaticInputs::write_region(uint8_t* region, FieldValues& data, int64_t n, int64_t last_rows) const {
   size_t fallbacks = 0;
   for (size_t i = 0; i < fields_.size(); ++i) {
     const Field& f = fields_[i];
     if (f.persistent) continue;
-    if (!data.empty()) {
-      for_field(i, [&] {
-        ItemPlan plan = plan_item(data[i].get(), f.dtype);  // a fallback's Python code runs here
-        check_rows(i, plan, n);
-        write_fresh_item(plan, plan.nbytes > 0 ? region + f.offset : nullptr);
-        fallbacks += plan.via_fallback ? 1 : 0;
-      });
-    }
+    for_field(i, [&] {
+      ItemPlan plan = plan_item(data[i].get(), f.dtype);  // a fallback's Python code runs here
+      check_rows(i, plan, n);
+      write_fresh_item(plan, plan.nbytes > 0 ? region + f.offset : nullptr);
+      fallbacks += plan.via_fallback ? 1 : 0;
+    });
     const size_t rows_end = static_cast<size_t>(i == last_staged_ ? last_rows : max_bs_);
     const size_t from = f.offset + static_cast<size_t>(n) * f.row_bytes;
     const size_t to = f.offset + rows_end * f.row_bytes;
     if (to > from) std::memcpy(region + from, fill_image_.data() + from, to - from);
   }
-  // Construction: the persistent fields' fills too.
-  const size_t staged_end = bytes_through(last_rows);
-  if (bytes > staged_end) std::memcpy(region + staged_end, fill_image_.data() + staged_end, bytes - staged_end);
-  // Row writes into staged fields land over this step's values, in call order.
-  for (const PendingWrite& w : pending_) {
-    if (!fields_[w.field].persistent && w.nbytes > 0)
-      std::memcpy(region + w.dst, pending_bytes_.data() + w.src, w.nbytes);
-  }
+  apply_writes(region, false);  // over this step's values
   return fallbacks;
+}
+
+size_t StaticInputs::apply_writes(uint8_t* base, bool persistent) const {
+  size_t written = 0;
+  for (const PendingWrite& w : pending_) {  // in call order: a later write wins
+    if (fields_[w.field].persistent != persistent || w.nbytes == 0) continue;
+    std::memcpy(base + w.dst, pending_bytes_.data() + w.src, w.nbytes);
+    written += w.nbytes;
+  }
+  return written;
 }
 
 void StaticInputs::check_storage_intact() const {
@@ -274,20 +280,14 @@ void StaticInputs::check_storage_intact() const {
               "being converted; a graph captured its old address; nothing was staged");
 }
 
-void StaticInputs::copy_to_host_buffer(FieldValues& data, int64_t n, int64_t last_rows, size_t bytes) {
+void StaticInputs::copy_to_host_buffer(size_t bytes, RegionWriter write) {
   // Through a region of its own: a bad value in a later field must leave the views as they were.
   host_region_.resize(std::max<size_t>(bytes, 1));
-  const size_t fallbacks = write_region(host_region_.data(), data, n, last_rows, bytes);
+  const size_t fallbacks = write(host_region_.data());
   check_storage_intact();
   uint8_t* const allocation = static_cast<uint8_t*>(buffer_.data_ptr());
   if (bytes > 0) std::memcpy(allocation, host_region_.data(), bytes);
-  size_t written = bytes;
-  for (const PendingWrite& w : pending_) {  // in call order: a later write wins
-    if (!fields_[w.field].persistent || w.nbytes == 0) continue;
-    std::memcpy(allocation + w.dst, pending_bytes_.data() + w.src, w.nbytes);
-    written += w.nbytes;
-  }
-  cpu_counters().record(written, 0, fallbacks);
+  cpu_counters().record(bytes + apply_writes(allocation, true), 0, fallbacks);
 }
 
 #ifdef PINSTAGE_WITH_CUDA
@@ -301,14 +301,10 @@ void* StaticInputs::record_on(const c10::cuda::CUDAStream& stream) {
   return buffer_.data_ptr();
 }
 
-void StaticInputs::copy_to_device(FieldValues& data, int64_t n, int64_t last_rows, size_t bytes,
-                                  const c10::cuda::CUDAStream& stream) {
+void StaticInputs::copy_to_device(size_t bytes, RegionWriter write, const c10::cuda::CUDAStream& stream) {
   c10::cuda::CUDAGuard device_guard(device_.index());
   if (!writes_persistent()) {
-    copy_through_ring(
-        device_.index(), bytes, stream.stream(),
-        [&](uint8_t* region) { return write_region(region, data, n, last_rows, bytes); },
-        [&]() -> void* { return record_on(stream); });
+    copy_through_ring(device_.index(), bytes, stream.stream(), write, [&]() -> void* { return record_on(stream); });
     return;
   }
   // The step's bytes, then the packed writes, in ONE region: one copy of the first part, then the
@@ -318,7 +314,7 @@ void StaticInputs::copy_to_device(FieldValues& data, int64_t n, int64_t last_row
   const size_t packed_at = align_up(bytes, kStagingAlignment);
   const size_t total = packed_at + plan.bytes;
   LeaseGuard lease(ring, total);
-  const size_t fallbacks = write_region(lease.data(), data, n, last_rows, bytes);
+  const size_t fallbacks = write(lease.data());
   void* const dst = record_on(stream);
   const RowWriteParams params = pack_writes(plan, lease.data() + packed_at, static_cast<uint8_t*>(dst));
   if (bytes > 0) lease.copy(dst, lease.data(), bytes, cudaMemcpyHostToDevice, stream.stream());

@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 #include <Python.h>
 #include <c10/core/Device.h>
+#include <c10/util/FunctionRef.h>
 
 #include <cstdint>
 #include <optional>
@@ -78,31 +79,44 @@ class StaticInputs {
     size_t nbytes;
   };
 
-  using FieldValues = std::vector<THPObjectPtr>;  // one per field (null: persistent); empty: fills only
+  // An int argument (operator.index, not bool) in [0, hi]; its errors open with "api: what" (just
+  // "what" when api is empty) and name hi after hi_name ("max_bs=").
+  static int64_t index_arg(PyObject* v, int64_t hi, const char* api, const char* what, const char* hi_name = "");
+  using FieldValues = std::vector<THPObjectPtr>;  // one per field (null: persistent)
   FieldValues field_values(PyObject* values) const;
   // Runs fn() with errors naming field i.
   template <class Fn>
   auto for_field(size_t i, Fn&& fn) const -> decltype(fn());
   void check_rows(size_t i, const ItemPlan& plan, int64_t n) const;
-  std::string field_names() const;  // 'a', 'b', ... for error messages
+  // The field called `name` (only a str names one); otherwise a ValueError, opened by api, that
+  // names it as unknown and lists the fields.
+  const Field& field_named(PyObject* name, const char* api) const;
   // Bytes [0, end) of the allocation where the last staged field's first `rows` rows end: what one
   // copy covers (0 when every field is persistent).
   size_t bytes_through(int64_t rows) const;
   // Converts each staged field's values straight into `region` (which mirrors the allocation up to
-  // `bytes`: bytes_through(last_rows), or all of it at construction) as it is planned, then its fill
-  // rows, then the pending writes into those fields; returns how many fields went through
-  // torch.tensor. A field's Python code (a fallback) runs after the fields before it are written, so
-  // it cannot change them.
-  size_t write_region(uint8_t* region, FieldValues& data, int64_t n, int64_t last_rows, size_t bytes) const;
-  void copy_to_host_buffer(FieldValues& data, int64_t n, int64_t last_rows, size_t bytes);
+  // bytes_through(last_rows)) as it is planned, then its fill rows, then the pending writes into
+  // those fields; returns how many fields went through torch.tensor. A field's Python code (a
+  // fallback) runs after the fields before it are written, so it cannot change them.
+  size_t write_region(uint8_t* region, FieldValues& data, int64_t n, int64_t last_rows) const;
+  // Copies the pending writes into the persistent (or the staged) fields to `base`, laid out like
+  // the allocation, in call order; returns their bytes.
+  size_t apply_writes(uint8_t* base, bool persistent) const;
+  // Fills a region of the copy's bytes (a stage's write_region, the construction's fills); returns
+  // how many fields went through torch.tensor.
+  using RegionWriter = c10::function_ref<size_t(uint8_t*)>;
+  // Copies the allocation's first `bytes` from a region `write` fills, then applies the pending
+  // writes into persistent fields.
+  void copy_to_host_buffer(size_t bytes, RegionWriter write);
 #ifdef PINSTAGE_WITH_CUDA
-  void copy_to_device(FieldValues& data, int64_t n, int64_t last_rows, size_t bytes,
-                      const c10::cuda::CUDAStream& stream);
+  void copy_to_device(size_t bytes, RegionWriter write, const c10::cuda::CUDAStream& stream);
+  bool writes_persistent() const;  // whether a pending write goes to a persistent field
   // How the pending writes into persistent fields are packed: their order (grouped by field and
-  // row, call order within a group), how many groups, records or ops, and the bytes that takes.
+  // row, call order within a group), where each group starts in it, records or ops, and the bytes
+  // that takes.
   struct WritePlan {
     std::vector<uint32_t> order;
-    uint32_t groups = 0;
+    std::vector<uint32_t> starts;  // [groups + 1]: each group's first index in order, then order.size()
     bool records = false;
     size_t bytes = 0;
   };
@@ -111,8 +125,7 @@ class StaticInputs {
   RowWriteParams pack_writes(const WritePlan& plan, uint8_t* packed, uint8_t* allocation) const;
   void* record_on(const c10::cuda::CUDAStream& stream);
 #endif
-  bool writes_persistent() const { return persistent_writes_ > 0; }
-  void clear_writes();
+  int64_t pending_last_rows() const;  // rows of the last staged field that pending writes reach
   // Python code run during a conversion (the fallback) could shrink the allocation's storage.
   void check_storage_intact() const;
 
@@ -128,13 +141,11 @@ class StaticInputs {
   // Every other staged field is copied whole (the copy runs to the last one's rows), so only the
   // last one's rows beyond n can be stale from an earlier, larger n; the copy extends over them.
   // Read and written with the GIL held.
-  int64_t dirty_rows_;
+  int64_t dirty_rows_ = 0;
   bool staging_ = false;  // a stage() or write_rows() is running (with the GIL held, or waiting for ring room)
   // Writes for the next stage, in call order, and their converted values (each at a 16-byte offset).
   std::vector<PendingWrite> pending_;
   std::vector<uint8_t> pending_bytes_;
-  size_t persistent_writes_ = 0;      // how many of pending_ go to persistent fields
-  int64_t pending_last_rows_ = 0;     // rows of the last staged field that pending writes reach
   std::vector<uint8_t> host_region_;  // the CPU path's region: one stage() at a time uses it
 #ifdef PINSTAGE_WITH_CUDA
   std::optional<c10::cuda::CUDAStream> allocation_stream_;
