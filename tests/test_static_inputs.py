@@ -415,7 +415,9 @@ def test_values_right_while_the_stream_is_busy_and_the_ring_wraps(cuda_ring, on_
     before = pinstage.stats()
     results, expected = [], []
     # overflow: every stage is queued behind the sleep; wait: the ring fills behind it and the host waits.
-    done = busy(200 if on_full == "overflow" else 20)
+    # Under overflow every stage pins a new block (none is free behind the sleep): 200 of them outlasted
+    # a 200 ms sleep on the H200.
+    done = busy(1000 if on_full == "overflow" else 20)
     for n, values in steps:
         inputs.stage(values, n)
         ref.stage(values, n)

@@ -4,6 +4,7 @@ reads is checked, and through the plugin none is wrong."""
 
 import json
 import os
+from importlib import metadata
 
 import pytest
 from support import DEVICES, ROOT, run_child
@@ -19,6 +20,9 @@ import vllm_loop
 vllm_loop.main({args!r})
 """
 
+# What an older Triton's interpreter raises for vLLM's tl.range under numpy >= 2.4 (Triton 3.8's runs it).
+_INTERPRETER_LIMIT = "only 0-dimensional arrays can be converted to Python scalars"
+
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_vllm_loop_reads_back_every_value(device, tmp_path, monkeypatch):
@@ -26,7 +30,16 @@ def test_vllm_loop_reads_back_every_value(device, tmp_path, monkeypatch):
     if device == "cpu":
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the loop runs where CUDA is: hide it for the CPU case
     args = ["--out", str(tmp_path), "--sizes", "8", "--rounds", "2", "--windows", "1", "--warmup", "1"]
-    run_child(CHILD.format(bench=os.path.join(ROOT, "bench"), args=args), timeout=600)
+    try:
+        run_child(CHILD.format(bench=os.path.join(ROOT, "bench"), args=args), timeout=600)
+    except AssertionError as exc:
+        if device == "cpu" and _INTERPRETER_LIMIT in str(exc):
+            pytest.skip(
+                "Triton %s's interpreter cannot run vLLM's kernels with numpy %s (it takes int() of a "
+                "1-element array for a loop bound, which this numpy refuses); the cuda case runs them "
+                "compiled" % (metadata.version("triton"), metadata.version("numpy"))
+            )
+        raise
     with open(tmp_path / "vllm_loop.json") as f:
         (row,) = json.load(f)["results"]
     modes = row["modes"]
