@@ -1,4 +1,5 @@
-"""pinstage's public functions: signatures, types and documentation in front of the compiled core."""
+"""pinstage's public functions: the compiled staging functions as they are, and the fetch, stats and
+configuration calls with their signatures, types and documentation in front of the compiled core."""
 
 from typing import List, Optional, Sequence, TypedDict, Union
 

@@ -216,11 +216,15 @@ def test_a_list_value_beyond_int64_is_refused_naming_the_field_and_request(rng, 
     assert (batch["req_to_token"] == SENTINEL).all()
 
 
-def test_a_uint64_array_value_beyond_int64_is_refused_naming_the_field(rng):
-    batch = random_batch(rng, 4, "cpu")
-    batch["seq_lens"] = np.array([0, 0, 2**63, 0], dtype=np.uint64)
+@pytest.mark.parametrize("column", ["array", "one-request list"])
+def test_a_value_numpy_reads_as_uint64_is_refused_naming_the_field_and_request(rng, column):
+    """A uint64 array, or a list whose every value is >= 2**63 (numpy makes it uint64)."""
+    bs = 4 if column == "array" else 1
+    batch = random_batch(rng, bs, "cpu")
+    batch["seq_lens"] = np.array([0, 0, 2**63 + 1, 0], dtype=np.uint64) if column == "array" else [2**63 + 1]
+    row = 2 if column == "array" else 0
     with pytest.raises(
-        ValueError, match=r"write_cache_indices: seq_lens: a value is beyond int64, got 9223372036854775808"
+        ValueError, match=rf"write_cache_indices: seq_lens: request {row}: 9223372036854775809 is beyond int64"
     ):
         run(batch)
     assert (batch["req_to_token"] == SENTINEL).all()

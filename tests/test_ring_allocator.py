@@ -260,5 +260,6 @@ print("ok")
 @pytest.mark.cuda
 def test_configure_before_the_first_staging_frees_nothing_and_after_it_frees_the_old_ring():
     """configure(ring_bytes=...) before a ring was ever pinned replaces it without waiting for the
-    device; after a staging it retires the pinned ring, and copies from both rings keep their values."""
+    device; after a staging it retires the pinned ring, and copies from both rings keep their values
+    (behaviour kept when the unpinned ring stopped being retired and then swept)."""
     assert "ok" in run_child(RESIZED_BEFORE_AND_AFTER_PINNING, timeout=120)

@@ -20,7 +20,7 @@ struct FastSignature {
 };
 
 // Fills out[i] with parameter i's argument (borrowed), Py_None where an optional one is not given.
-// Returns false with a TypeError set, worded as CPython words it for a Python function.
+// Returns false with a TypeError set, worded as CPython's own C functions word it.
 template <size_t N>
 bool parse_fast_args(const FastSignature<N>& sig, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
                      std::array<PyObject*, N>& out) {

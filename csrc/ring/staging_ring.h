@@ -140,7 +140,7 @@ class StagingRing {
   // block (cudaHostAlloc, cudaFreeHost, cudaEventSynchronize), so that one thread's empty_cache()
   // or first use does not stall every other thread's staging (PyTorch's CachingHostAllocator
   // keeps its lock off these calls for the same reason). alloc_mu_ serialises pinning the slab and
-  // replacing it (set_options), so the slab being pinned is not retired meanwhile.
+  // replacing it (set_options), so the slab being pinned is not replaced (and destroyed) meanwhile.
   std::mutex alloc_mu_;
   std::mutex mu_;
   std::unique_ptr<Slab> slab_;  // the live slab; base allocated lazily

@@ -112,7 +112,8 @@ def _int64_column(name: str, column: IntColumn) -> torch.Tensor:
         raise ValueError(f"write_cache_indices: {name} must be one int per request")
     if values.dtype.kind in "iu":
         if values.dtype.kind == "u" and values.size and values.max() >= 2**63:
-            raise ValueError(f"write_cache_indices: {name}: a value is beyond int64, got {values.max()}")
+            i = int(np.argmax(values >= 2**63))
+            raise ValueError(f"write_cache_indices: {name}: request {i}: {values[i]} is beyond int64")
         return torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64))
     if isinstance(column, np.ndarray):  # an object array
         _check_entries(name, column)
