@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -366,6 +367,28 @@ def test_full_ring_raises_and_keeps_earlier_results(on_full):
     again = natural_values(torch.int32, 64, rng)
     check_staged([(pinstage.stage_to_device(again, torch.int32), again, torch.int32)])
     assert _stats()["in_flight_bytes"] <= SMALL_RING
+
+
+def test_a_wait_warning_raised_as_an_error_frees_the_result():
+    """Under sync debug mode "warn" a wait for a full ring warns; with warnings as errors the call
+    fails after its result tensor exists, and that tensor must be freed, not leaked."""
+    pinstage.configure(ring_bytes=SMALL_RING, on_full="wait")
+    data = list(range(256))  # 2 KiB: smaller than the ring, so a full ring waits
+    pinstage.stage_to_device(data, torch.int64)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    busy(200)
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(), pytest.raises(UserWarning, match="must wait for an in-flight copy"):
+            warnings.simplefilter("error")
+            for _ in range(4):  # two fit in the ring; the third waits
+                pinstage.stage_to_device(data, torch.int64)
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == base, "a result was leaked"
 
 
 @pytest.mark.parametrize("ring", [None, SMALL_RING], ids=["default_ring", "small_ring"])

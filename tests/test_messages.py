@@ -141,6 +141,7 @@ def test_public_functions_have_signatures_and_documentation():
     assert str(inspect.signature(pinstage.stage_to_device)) == "(data, dtype, stream=None, *, device=None)"
     assert str(inspect.signature(pinstage.stage_many)) == "(items, stream=None, *, device=None)"
     assert str(inspect.signature(pinstage.stage_into)) == "(data, out, stream=None)"
+    assert str(inspect.signature(pinstage._C._static_inputs_stage)) == "(inputs, values, n, stream)"
     assert "fetch_overflows" in pinstage.Stats.__annotations__
 
 
@@ -159,6 +160,20 @@ def test_public_functions_have_signatures_and_documentation():
         ),
         (lambda: pinstage.stage_many(device="cpu"), r"stage_many\(\) missing required argument 'items'"),
         (lambda: pinstage.stage_into([1], out=None, stream=None, x=1), r"unexpected keyword argument 'x'"),
+        # A keyword is its whole str: a NUL does not end it early, a lone surrogate is just unknown.
+        (
+            lambda: pinstage.stage_to_device([1], **{"dtype\0x": torch.int64}),
+            r"unexpected keyword argument 'dtype\\x00x'",
+        ),
+        (lambda: pinstage.stage_to_device([1], torch.int64, **{"\udc80": 1}), r"unexpected keyword argument '\\udc80'"),
+        (
+            lambda: pinstage._C._static_inputs_stage(None, [], 0, None, None),
+            r"_static_inputs_stage\(\) takes exactly 4 positional arguments \(5 given\)",
+        ),
+        (
+            lambda: pinstage._C._static_inputs_stage(object(), [], 0, None),
+            r"_static_inputs_stage: inputs must be a pinstage._C.StaticInputs, got object",
+        ),
     ],
 )
 def test_staging_functions_check_their_arguments_as_python_does(call, message):

@@ -43,4 +43,9 @@ graph.replay(). A conversion error leaves `out` as it was. out must hold its val
 storage: a tensor subclass, FakeTensor or zero tensor is refused (TypeError), a neg view too
 (ValueError).)doc";
 
+inline constexpr const char* kStaticInputsStageDoc = R"doc(_static_inputs_stage(inputs, values, n, stream)
+--
+
+StaticInputs.stage's core: see pinstage.StaticInputs.stage.)doc";
+
 }  // namespace pinstage

@@ -6,7 +6,6 @@
 #include <Python.h>
 
 #include <array>
-#include <cstring>
 
 namespace pinstage {
 
@@ -26,8 +25,8 @@ bool parse_fast_args(const FastSignature<N>& sig, PyObject* const* args, Py_ssiz
                      std::array<PyObject*, N>& out) {
   const auto given = static_cast<size_t>(nargs);
   if (given > sig.positional) {
-    PyErr_Format(PyExc_TypeError, "%s() takes at most %zu positional arguments (%zd given)", sig.name, sig.positional,
-                 nargs);
+    PyErr_Format(PyExc_TypeError, "%s() takes %s %zu positional arguments (%zd given)", sig.name,
+                 sig.required == sig.positional ? "exactly" : "at most", sig.positional, nargs);
     return false;
   }
   out.fill(nullptr);
@@ -35,16 +34,16 @@ bool parse_fast_args(const FastSignature<N>& sig, PyObject* const* args, Py_ssiz
   const Py_ssize_t keywords = kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
   for (Py_ssize_t k = 0; k < keywords; ++k) {
     PyObject* key = PyTuple_GET_ITEM(kwnames, k);
-    const char* text = PyUnicode_AsUTF8(key);
-    if (text == nullptr) return false;
+    // Compared as a whole str: no encoding (a lone surrogate is just an unknown name) and an
+    // embedded NUL does not end the name early.
     size_t i = 0;
-    while (i < N && std::strcmp(sig.params[i], text) != 0) ++i;
+    while (i < N && PyUnicode_CompareWithASCIIString(key, sig.params[i]) != 0) ++i;
     if (i == N) {
-      PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%s'", sig.name, text);
+      PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument %R", sig.name, key);
       return false;
     }
     if (out[i] != nullptr) {
-      PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'", sig.name, text);
+      PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'", sig.name, sig.params[i]);
       return false;
     }
     out[i] = args[nargs + k];

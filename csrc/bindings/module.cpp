@@ -100,11 +100,15 @@ void configure(py::handle ring_bytes, py::handle on_full, py::handle device) {
 // are (fast_args.h says why).
 template <size_t N, const FastSignature<N>& Sig, PyObject* (*Body)(const std::array<PyObject*, N>&)>
 PyObject* fast_entry(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  // Owned outside the error scope: a buffered warning raised as an error when that scope ends
+  // makes the call fail after the result exists, and the result must then be released.
+  THPObjectPtr result;
   HANDLE_TH_ERRORS
   std::array<PyObject*, N> a{};
   if (!parse_fast_args(Sig, args, nargs, kwnames, a)) return nullptr;
-  return translate_core_errors([&] { return Body(a); });
+  result = translate_core_errors([&] { return Body(a); });
   END_HANDLE_TH_ERRORS
+  return result.release();
 }
 
 constexpr FastSignature<4> kStageToDevice{"stage_to_device", {"data", "dtype", "stream", "device"}, 2, 3};
@@ -131,6 +135,8 @@ PyObject* stage_into_body(const std::array<PyObject*, 3>& a) {
 // StaticInputs.stage's core (pinstage/_static_inputs.py calls it with the pybind11 object).
 constexpr FastSignature<4> kStaticStage{"_static_inputs_stage", {"inputs", "values", "n", "stream"}, 4, 4};
 PyObject* static_stage_body(const std::array<PyObject*, 4>& a) {
+  TORCH_CHECK_TYPE(py::isinstance<StaticInputs>(a[0]),
+                   "_static_inputs_stage: inputs must be a pinstage._C.StaticInputs, got ", Py_TYPE(a[0])->tp_name);
   py::handle(a[0]).cast<StaticInputs&>().stage(a[1], a[2], a[3]);
   Py_RETURN_NONE;
 }
@@ -145,7 +151,7 @@ PyMethodDef kFastMethods[] = {
     fast_method<4, kStageToDevice, stage_to_device_body>(kStageToDeviceDoc),
     fast_method<3, kStageMany, stage_many_body>(kStageManyDoc),
     fast_method<3, kStageInto, stage_into_body>(kStageIntoDoc),
-    fast_method<4, kStaticStage, static_stage_body>("StaticInputs.stage's core: see pinstage.StaticInputs.stage"),
+    fast_method<4, kStaticStage, static_stage_body>(kStaticInputsStageDoc),
 };
 
 std::vector<at::Tensor> tensors_arg(py::handle tensors, const char* api) {
