@@ -22,6 +22,7 @@ def machine_meta():
         "gpu": gpu,
         "cpu": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
+        "cpu_affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
     }
 
 

@@ -7,8 +7,21 @@ to the odd scheduler hiccup or page fault that a mean would absorb.
 """
 
 import gc
+import os
 import statistics
 import time
+
+
+def pin_to_one_core():
+    """Keeps this process (and the threads it starts later) on one core, the last it may use, and
+    returns it (None where the OS has no affinity call). Unpinned, the timed thread shares and
+    changes cores with the driver's and the kernel's work on copy completions, which cost the call
+    that touches more memory the most (docs/measuring.md)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    core = max(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {core})
+    return core
 
 
 def loop_ns(call, n):

@@ -299,6 +299,7 @@ def main():
     parser.add_argument("--json", help="write the results here (and a PNG plot beside it)")
     _timing.add_sampling_args(parser, "1,8,64,256,1024")
     args = parser.parse_args()
+    _timing.pin_to_one_core()
 
     on_gpu = torch.cuda.is_available()
     device = "cuda" if on_gpu else "cpu"

@@ -58,6 +58,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 import _baseline_builders as baseline  # noqa: E402
 import _report  # noqa: E402
+import _timing  # noqa: E402
 from _baselines import CpuGpuBuffer, PackedPinnedBuffer, pinned_host, stage  # noqa: E402
 from _decode_model import (  # noqa: E402
     DecodeGraphs,
@@ -831,6 +832,7 @@ def main(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", default=os.path.join(HERE, "out", "decode_loop.json"))
     args = p.parse_args(argv)
+    _timing.pin_to_one_core()
     dev = torch.device(args.device)
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     forwards = [float(s) for s in args.forward_ms.split(",")]

@@ -789,6 +789,7 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     settings = Settings(args)
+    _timing.pin_to_one_core()
     use_gpu = torch.cuda.is_available() and not args.cpu_only
     report = {
         "meta": dict(

@@ -74,6 +74,7 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--json", default=os.path.join(HERE, "out", "overflow_blocks.json"))
     args = p.parse_args(argv)
+    _timing.pin_to_one_core()
     if not torch.cuda.is_available():
         raise SystemExit("overflow_blocks.py needs a CUDA device (it compares pinned-memory allocators)")
     dev = torch.device("cuda")

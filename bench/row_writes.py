@@ -262,6 +262,7 @@ def load_vllm():
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     use_gpu = torch.cuda.is_available() and not args.cpu_only
+    _timing.pin_to_one_core()
     report = {
         "meta": dict(
             _report.machine_meta(),

@@ -144,6 +144,7 @@ def main():
     parser.add_argument("--json")
     parser.add_argument("--plot")
     args = parser.parse_args()
+    _timing.pin_to_one_core()
     sizes = [int(s) for s in args.sizes.split(",")]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     vocab_size = 32000 if device == "cuda" else 4096

@@ -331,6 +331,7 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     use_gpu = torch.cuda.is_available() and not args.cpu_only
+    _timing.pin_to_one_core()
     report = {
         "meta": dict(
             _report.machine_meta(),

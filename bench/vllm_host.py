@@ -189,6 +189,7 @@ def main():
     parser.add_argument("--json", help="write the results here")
     _timing.add_sampling_args(parser, "16,256,1024,4096")
     args = parser.parse_args()
+    _timing.pin_to_one_core()
 
     vllm = load_vllm()
     on_gpu = torch.cuda.is_available()
