@@ -13,14 +13,18 @@ import time
 
 
 def pin_to_one_core():
-    """Keeps this process (and the threads it starts later) on one core, the last it may use, and
-    returns it (None where the OS has no affinity call). Unpinned, the timed thread shares and
-    changes cores with the driver's and the kernel's work on copy completions, which cost the call
-    that touches more memory the most (docs/measuring.md)."""
+    """Keeps the calling thread (and the threads it starts later) on one core, the last it may use,
+    and returns it; None where the OS has no affinity call or refuses it. Unpinned, the timed thread
+    shares and changes cores with the driver's and the kernel's work on copy completions, which cost
+    the call that touches more memory the most (docs/measuring.md). Not for race benchmarks: on one
+    core vLLM's row writers raced no more (bench/results/h200/RESULTS.md)."""
     if not hasattr(os, "sched_setaffinity"):
         return None
     core = max(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {core})
+    try:
+        os.sched_setaffinity(0, {core})
+    except OSError:  # a container may forbid it: time unpinned
+        return None
     return core
 
 
