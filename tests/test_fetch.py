@@ -143,14 +143,22 @@ def test_a_held_handle_keeps_its_values_while_later_fetches_wrap_around_it(small
 
 @cuda
 def test_released_unready_handles_are_reused_only_after_their_copy(small_ring):
-    sources = [torch.full((100,), i, dtype=torch.int32, device="cuda") for i in range(60)]
-    done = gpu_busy.busy(500)  # compute-sanitizer slows the host: BUSY_MS ended before 120 fetches did
-    for s in sources:
-        pinstage.fetch_to_host(s).release()  # released long before the copy runs
-    later = [pinstage.fetch_to_host(s) for s in sources]
-    gpu_busy.assert_still_busy(done, "the handles were taken")
+    """Handles released while their copies wait behind a busy kernel, then fetches on an idle stream
+    that complete first: had the ring handed those the released regions, the delayed copies would
+    land on top of their values once the kernel ends."""
+    early = [torch.full((100,), i, dtype=torch.int32, device="cuda") for i in range(60)]
+    late = [torch.full((100,), -i, dtype=torch.int32, device="cuda") for i in range(60)]
+    idle = torch.cuda.Stream()
+    idle.wait_stream(torch.cuda.current_stream())  # the sources exist before it reads them
+    done = gpu_busy.busy(500)  # compute-sanitizer slows the host: 50 ms ended before 120 fetches did
+    for s in early:
+        pinstage.fetch_to_host(s).release()  # released long before its copy runs
+    later = [pinstage.fetch_to_host(s, stream=idle) for s in late]
+    assert [h.tolist() for h in later] == [[-i] * 100 for i in range(60)]
+    gpu_busy.assert_still_busy(done, "the later fetches were read")
+    torch.cuda.synchronize()  # the released fetches' copies have run now
     for i, h in enumerate(later):
-        assert h.tolist() == [i] * 100
+        assert h.tolist() == [-i] * 100, "a region a released fetch had yet to write was handed out again"
 
 
 @cuda
