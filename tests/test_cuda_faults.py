@@ -11,8 +11,6 @@ from support import run_child
 
 import pinstage
 
-pytestmark = pytest.mark.cuda
-
 SMALL_RING = 4096
 
 
@@ -25,6 +23,7 @@ def default_settings():
     pinstage.configure(ring_bytes=ring, on_full="overflow")
 
 
+@pytest.mark.cuda
 def test_device_out_of_memory_raises_and_leaks_no_ring_space():
     out = run_child(
         """
@@ -53,6 +52,7 @@ def test_device_out_of_memory_raises_and_leaks_no_ring_space():
     assert "ok" in out
 
 
+@pytest.mark.cuda
 def test_forked_child_gets_a_clear_error_and_the_cpu_path():
     out = run_child(
         """
@@ -81,6 +81,7 @@ def test_forked_child_gets_a_clear_error_and_the_cpu_path():
     assert "child: cpu ok exit 0" in out and "parent ok" in out, out
 
 
+@pytest.mark.cuda
 def test_torch_empty_cache_between_stagings():
     kept = []
     for i in range(50):
@@ -92,6 +93,7 @@ def test_torch_empty_cache_between_stagings():
         assert t.cpu().tolist() == list(range(i, i + 300))
 
 
+@pytest.mark.cuda
 def test_overflow_blocks_are_given_back_by_empty_cache():
     """empty_cache() with copies from overflow blocks still in flight waits for the device first
     (freeing pinned memory would wait for it anyway), then frees every block: none is freed under a
@@ -114,6 +116,7 @@ def test_overflow_blocks_are_given_back_by_empty_cache():
         assert t.cpu().tolist() == list(range(i, i + 4000))
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("mode", ["global", "thread_local"])
 def test_staging_while_another_thread_captures_a_graph(mode):
     """In torch's default "global" capture mode the driver refuses copies in every other thread

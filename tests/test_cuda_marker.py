@@ -1,8 +1,10 @@
-"""Every test that needs CUDA says so one way, the `cuda` marker (`cuda(devices=2)` for two GPUs), so
-that `pytest -m cuda` selects it and conftest skips it where too few GPUs are visible; a test that
+"""Every test that needs CUDA says so one way, the `cuda` marker on the test itself (`cuda(devices=2)`
+for two GPUs), so that `pytest -m cuda` selects it and conftest skips it where too few GPUs are
+visible; a test that
 needs no GPU visible says so with `no_gpu`, which the README's test command runs with CUDA hidden. A
 module-level pytest.skip, a skipif on CUDA either way or a device list whose "cuda" entry lacks the
-marker would hide cases from a run; this reads the test modules (no import, no GPU needed) and names
+marker would hide cases from a run, and a module-wide `pytestmark` would mark tests that need no GPU
+along with those that do; this reads the test modules (no import, no GPU needed) and names
 every such place."""
 
 import ast
@@ -55,8 +57,11 @@ def violations(source, name="<test>"):
         if not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             for node in ast.walk(stmt):
                 if _is_call(node, "pytest.skip"):
-                    report(node, "module-level pytest.skip (use pytestmark = pytest.mark.cuda)")
+                    report(node, "module-level pytest.skip (mark each CUDA test with pytest.mark.cuda)")
                     module_skips.add(id(node))
+        if isinstance(stmt, ast.Assign) and any(_is_attr(t, "pytestmark") for t in stmt.targets):
+            if _has_cuda_mark(stmt.value):
+                report(stmt, "module-wide pytestmark with pytest.mark.cuda (mark each CUDA test instead)")
 
     for node in ast.walk(tree):
         if _is_call(node, "pytest.mark.skipif") and node.args:
@@ -101,6 +106,8 @@ def test_no_test_module_hides_cuda_cases_from_the_marker():
         "import pytest, torch\ndef test_a():\n    if not torch.cuda.is_available():\n        pytest.skip('x')\n",
         "import pytest, torch\n@pytest.mark.skipif(torch.cuda.is_available(), reason='checks the CPU default')\n"
         "def test_a(): pass\n",
+        "import pytest\npytestmark = pytest.mark.cuda\n",
+        "import pytest\npytestmark = [pytest.mark.cuda(devices=2), pytest.mark.slow]\n",
     ],
     ids=[
         "module_skip",
@@ -112,6 +119,8 @@ def test_no_test_module_hides_cuda_cases_from_the_marker():
         "two_gpus_skipif_beside_the_marker",
         "skip_in_body",
         "cpu_only_skipif_where_a_gpu_is",
+        "module_mark",
+        "module_mark_two_gpus",
     ],
 )
 def test_each_way_of_hiding_a_cuda_case_is_found(source):
@@ -121,13 +130,12 @@ def test_each_way_of_hiding_a_cuda_case_is_found(source):
 @pytest.mark.parametrize(
     "source",
     [
-        "import pytest\npytestmark = pytest.mark.cuda\n",
-        "import pytest\npytestmark = pytest.mark.cuda(devices=2)\n",
+        "import pytest\n@pytest.mark.cuda\ndef test_a(): pass\n",
         "import pytest\n@pytest.mark.cuda(devices=2)\ndef test_a(): pass\n",
         "import pytest\nD = ['cpu', pytest.param('cuda', marks=pytest.mark.cuda)]\n",
         "import pytest\n@pytest.mark.no_gpu\ndef test_a(): pass\n",
     ],
-    ids=["module_mark", "two_gpus", "two_gpus_on_a_test", "device_list", "no_gpu"],
+    ids=["on_a_test", "two_gpus_on_a_test", "device_list", "no_gpu"],
 )
 def test_the_marker_ways_pass(source):
     assert violations(source) == []

@@ -31,7 +31,7 @@ import pinstage
 
 DTYPE_IDS = [dtype_name(d) for d in DTYPES]
 # Building numpy inputs from out-of-range doubles (inf by design) makes numpy warn.
-pytestmark = [pytest.mark.cuda, pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")]
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
 SMALL_RING = 4096
 STATS_KEYS = (
     "ring_bytes",
@@ -175,6 +175,7 @@ def _input(kind, dtype, data):
     raise AssertionError(kind)
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("n", [0, 1, 7, 256, 4097, pytest.param(1_000_000, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("kind", ["list", "numpy", "tensor"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -188,6 +189,7 @@ def test_matches_torch_tensor(dtype, kind, n):
     assert_same_tensor(got, want.cuda(), "%s %s n=%d" % (dtype_name(dtype), kind, n))
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_nested_and_scalar_inputs(dtype):
     rng = seeded_rng("cuda-nested", dtype_name(dtype))
@@ -210,6 +212,7 @@ def test_nested_and_scalar_inputs(dtype):
         assert_same_tensor(got, want.cuda(), "%s %r" % (dtype_name(dtype), data))
 
 
+@pytest.mark.cuda
 def test_conversion_errors_on_cuda_match_torch():
     with pytest.raises(RuntimeError) as info:
         pinstage.stage_to_device([1, 300], torch.uint8)
@@ -228,6 +231,7 @@ def test_conversion_errors_on_cuda_match_torch():
 # No synchronisation
 
 
+@pytest.mark.cuda
 def test_no_sync_sets_and_restores_debug_mode():
     before = torch.cuda.get_sync_debug_mode()
     x = torch.ones(4, device="cuda")
@@ -251,6 +255,7 @@ class _RawErrorMode:
         torch.cuda.set_sync_debug_mode(self.prev)
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("guard", ["testing.no_sync", "set_sync_debug_mode"])
 def test_staging_never_synchronises(guard):
     rng = seeded_rng("nosync", guard)
@@ -285,6 +290,7 @@ def test_staging_never_synchronises(guard):
 # The ring: no reuse before the copy that read a region has run
 
 
+@pytest.mark.cuda
 def test_no_reuse_race_with_overflow():
     pinstage.configure(ring_bytes=SMALL_RING, on_full="overflow")
     rng = seeded_rng("race-overflow")
@@ -316,6 +322,7 @@ def test_no_reuse_race_with_overflow():
     assert after["waits"] == before["waits"], "on_full='overflow' waited"
 
 
+@pytest.mark.cuda
 def test_no_reuse_race_with_wait():
     pinstage.configure(ring_bytes=SMALL_RING, on_full="wait")
     rng = seeded_rng("race-wait")
@@ -335,6 +342,7 @@ def test_no_reuse_race_with_wait():
     assert after["overflows"] == before["overflows"], "on_full='wait' overflowed for requests smaller than the ring"
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("on_full", ["wait", "error"])
 def test_full_ring_raises_and_keeps_earlier_results(on_full):
     """A full ring behind a busy GPU: on_full="error" raises RingFullError; on_full="wait" must wait,
@@ -369,6 +377,7 @@ def test_full_ring_raises_and_keeps_earlier_results(on_full):
     assert _stats()["in_flight_bytes"] <= SMALL_RING
 
 
+@pytest.mark.cuda
 def test_a_wait_warning_raised_as_an_error_frees_the_result():
     """Under sync debug mode "warn" a wait for a full ring warns; with warnings as errors the call
     fails after its result tensor exists, and that tensor must be freed, not leaked."""
@@ -391,6 +400,7 @@ def test_a_wait_warning_raised_as_an_error_frees_the_result():
     assert torch.cuda.memory_allocated() == base, "a result was leaked"
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("ring", [None, SMALL_RING], ids=["default_ring", "small_ring"])
 def test_failed_calls_leave_ring_and_results_intact(ring):
     if ring:
@@ -438,6 +448,7 @@ def test_failed_calls_leave_ring_and_results_intact(ring):
 # Streams and threads
 
 
+@pytest.mark.cuda
 def test_stage_on_non_current_stream():
     rng = seeded_rng("other-stream")
     side = torch.cuda.Stream()
@@ -470,6 +481,7 @@ def test_stage_on_non_current_stream():
     assert_same_tensor(many[1], torch.tensor(data[7:9]).cuda(), "stage_many on a side stream")
 
 
+@pytest.mark.cuda
 def test_two_busy_streams_interleaved():
     pinstage.configure(ring_bytes=SMALL_RING)
     rng = seeded_rng("two-streams")
@@ -480,6 +492,7 @@ def test_two_busy_streams_interleaved():
     check_staged(records)
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("ring", [None, SMALL_RING], ids=["default_ring", "small_ring"])
 @pytest.mark.parametrize("same_stream", [True, False], ids=["same_stream", "own_streams"])
 def test_two_threads_staging_at_once(same_stream, ring):
@@ -512,6 +525,7 @@ def test_two_threads_staging_at_once(same_stream, ring):
 # CUDA graphs
 
 
+@pytest.mark.cuda
 def test_staging_during_capture_raises():
     static = torch.zeros(4, dtype=torch.int64, device="cuda")
     capture_stream = torch.cuda.Stream()
@@ -535,6 +549,7 @@ def test_staging_during_capture_raises():
     assert torch.equal(got.cpu(), torch.tensor([1, 2, 3])), "staging broken after a refused capture"
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32, torch.bfloat16], ids=dtype_name)
 def test_stage_into_feeds_captured_graph(dtype):
     n = 257
@@ -559,6 +574,7 @@ def test_stage_into_feeds_captured_graph(dtype):
         assert_same_tensor(got, (torch.tensor(data, dtype=dtype) * 2 + 1).cuda(), "replay %d" % k)
 
 
+@pytest.mark.cuda
 def test_stage_into_checks_its_target():
     out = torch.full((4,), 9, dtype=torch.int64, device="cuda")
     with pytest.raises(ValueError):
@@ -602,6 +618,7 @@ _EXIT_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("keep", ["keep", "drop"])
 @pytest.mark.parametrize("ring", [0, SMALL_RING], ids=["default_ring", "small_ring"])
 def test_exit_with_copies_in_flight(ring, keep):
@@ -637,6 +654,7 @@ def _many_items(rng):
     ]
 
 
+@pytest.mark.cuda
 def test_stage_many_is_one_allocation_of_disjoint_views():
     rng = seeded_rng("many-views")
     items = _many_items(rng)
@@ -662,6 +680,7 @@ def test_stage_many_is_one_allocation_of_disjoint_views():
             assert_same_tensor(r, s, "item %d after writing items 0 and 3" % i)
 
 
+@pytest.mark.cuda
 def test_stage_many_enqueues_one_copy():
     from torch.profiler import ProfilerActivity, profile
 
@@ -691,6 +710,7 @@ def test_stage_many_enqueues_one_copy():
 # Host time, stats, events, devices
 
 
+@pytest.mark.cuda
 def test_host_never_waits_for_a_busy_gpu():
     # 400 copies stay within the device's launch queue, which would otherwise block the host.
     data = [list(range(i, i + 16)) for i in range(400)]
@@ -709,6 +729,7 @@ def test_host_never_waits_for_a_busy_gpu():
     check_staged([(k, d, torch.int64) for k, d in zip(kept, data)])
 
 
+@pytest.mark.cuda
 def test_stats_account_for_calls_and_bytes():
     s = _stats()
     for k in STATS_KEYS:
@@ -737,6 +758,7 @@ def test_stats_account_for_calls_and_bytes():
     check_staged([(k, data, torch.int64) for k in kept])
 
 
+@pytest.mark.cuda
 def test_ring_wraps_around_a_region_still_in_flight():
     """Front regions done, a later one still being copied, and a request that no longer fits
     behind it: the ring must wrap to its start (not overflow, not overwrite the busy region)."""
@@ -767,6 +789,7 @@ def test_ring_wraps_around_a_region_still_in_flight():
     assert after["overflows"] == before["overflows"], "the ring overflowed although its front was free"
 
 
+@pytest.mark.cuda
 def test_no_events_created_in_steady_state():
     data = [list(range(i, i + 32)) for i in range(100)]
     counts = []
@@ -780,6 +803,7 @@ def test_no_events_created_in_steady_state():
     check_staged([(k, d, torch.int64) for k, d in zip(kept, data)])
 
 
+@pytest.mark.cuda
 def test_an_idle_gpu_costs_one_event_query_per_fence_not_per_region():
     """With the GPU idle every fence is done when the ring reclaims: the 32 regions behind one fence
     are released after one cudaEventQuery. Asking once per region made an idle staging cost about
@@ -807,6 +831,7 @@ def test_an_idle_gpu_costs_one_event_query_per_fence_not_per_region():
     )
 
 
+@pytest.mark.cuda
 def test_device_resolution():
     here = torch.device("cuda", torch.cuda.current_device())
     assert pinstage.stage_to_device([1], torch.int64).device == here
@@ -821,6 +846,7 @@ def test_device_resolution():
     assert pinstage.stage_to_device([1], torch.int64, stream).device == stream.device
 
 
+@pytest.mark.cuda
 @pytest.mark.cuda(devices=2)
 def test_stream_device_wins_over_current_device():
     with torch.cuda.device(0):
@@ -835,6 +861,7 @@ def test_stream_device_wins_over_current_device():
     assert pinstage.stats(device=1)["calls"] >= 2
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_empty_inputs(dtype):
     inputs = [[], (), [[], []], range(0), np.zeros((0, 3)), [[[]]]]

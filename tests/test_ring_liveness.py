@@ -8,7 +8,6 @@ import textwrap
 import pytest
 from support import run_child
 
-pytestmark = pytest.mark.cuda
 HEADER = "import threading, time\nimport numpy as np, torch, pinstage\n"
 
 
@@ -44,6 +43,7 @@ print("ok")
 """
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize(
     "call",
     ["stage_inner()", "t = threading.Thread(target=stage_inner); t.start(); t.join()"],
@@ -53,6 +53,7 @@ def test_wait_re_entered_while_the_outer_region_is_written_is_served_from_overfl
     assert "ok" in child(REENTRANT.replace("{call}", call), timeout=60)
 
 
+@pytest.mark.cuda
 def test_empty_cache_waiting_for_the_device_does_not_stall_another_thread_staging():
     """empty_cache() frees pinned blocks and waits for the device first (here for a 2 s kernel);
     another thread's staging meanwhile must not wait for it: not for the ring's lock, the GIL, or the
@@ -92,6 +93,7 @@ def test_empty_cache_waiting_for_the_device_does_not_stall_another_thread_stagin
     assert stage_s < 0.5, out
 
 
+@pytest.mark.cuda
 def test_wraps_counts_the_passes_over_a_small_ring():
     """stats()['wraps']: the times the ring went back to its start. A 4 KiB ring reused 50 times
     (each staging fills it, synchronised so that it drains between uses) counts 50."""

@@ -9,8 +9,6 @@ from threads import run_in_threads
 import pinstage
 from pinstage.builders import BatchState, Request, build_decode_inputs, write_cache_indices
 
-pytestmark = pytest.mark.cuda(devices=2)
-
 SMALL_RING = 4096
 DEVICES = [torch.device("cuda", 0), torch.device("cuda", 1)]
 
@@ -60,6 +58,7 @@ def check(pairs):
         assert np.array_equal(got.cpu().numpy(), values)
 
 
+@pytest.mark.cuda(devices=2)
 def test_one_thread_stages_to_both_devices_with_both_rings_wrapping():
     with torch.cuda.device(0):
         before = [pinstage.stats(device=d) for d in DEVICES]
@@ -79,6 +78,7 @@ def test_one_thread_stages_to_both_devices_with_both_rings_wrapping():
     assert all(pinstage.stats(device=d)["in_flight_bytes"] == 0 for d in DEVICES)
 
 
+@pytest.mark.cuda(devices=2)
 @pytest.mark.parametrize("layout", ["one_thread_per_device", "both_threads_both_devices"])
 def test_two_threads_stage_at_once(layout):
     pairs = []
@@ -97,6 +97,7 @@ def test_two_threads_stage_at_once(layout):
     check(pairs)
 
 
+@pytest.mark.cuda(devices=2)
 def test_the_named_device_wins_and_the_current_device_is_unchanged():
     with torch.cuda.device(0):
         stream1 = torch.cuda.Stream(device=1)
@@ -128,6 +129,7 @@ def test_the_named_device_wins_and_the_current_device_is_unchanged():
         pinstage.stage_to_device([1], torch.int64, stream1, device="cuda:0")
 
 
+@pytest.mark.cuda(devices=2)
 def test_fetches_from_both_devices_while_their_rings_wrap():
     handles = []
     for round_ in range(40):
