@@ -246,10 +246,15 @@ def test_no_sync_sets_and_restores_debug_mode():
     assert torch.cuda.get_sync_debug_mode() == before
 
 
-class _RawErrorMode:
+class _SyncDebugMode:
+    """torch's sync debug mode set directly (not through pinstage.testing), restored on exit."""
+
+    def __init__(self, mode):
+        self.mode = mode
+
     def __enter__(self):
         self.prev = torch.cuda.get_sync_debug_mode()
-        torch.cuda.set_sync_debug_mode("error")
+        torch.cuda.set_sync_debug_mode(self.mode)
 
     def __exit__(self, *exc):
         torch.cuda.set_sync_debug_mode(self.prev)
@@ -266,7 +271,7 @@ def test_staging_never_synchronises(guard):
     into = []
     done = busy(100)
     busy(100, other)
-    with pinstage.testing.no_sync() if guard == "testing.no_sync" else _RawErrorMode():
+    with pinstage.testing.no_sync() if guard == "testing.no_sync" else _SyncDebugMode("error"):
         for dtype in DTYPES:
             for n in (0, 1, 16, 300):
                 data = natural_values(dtype, n, rng)
@@ -387,15 +392,11 @@ def test_a_wait_warning_raised_as_an_error_frees_the_result():
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     busy(200)
-    previous = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(), pytest.raises(UserWarning, match="must wait for an in-flight copy"):
-            warnings.simplefilter("error")
+    with _SyncDebugMode("warn"), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(UserWarning, match="must wait for an in-flight copy"):
             for _ in range(4):  # two fit in the ring; the third waits
                 pinstage.stage_to_device(data, torch.int64)
-    finally:
-        torch.cuda.set_sync_debug_mode(previous)
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() == base, "a result was leaked"
 

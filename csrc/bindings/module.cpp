@@ -135,9 +135,12 @@ PyObject* stage_into_body(const std::array<PyObject*, 3>& a) {
 // StaticInputs.stage's core (pinstage/_static_inputs.py calls it with the pybind11 object).
 constexpr FastSignature<4> kStaticStage{"_static_inputs_stage", {"inputs", "values", "n", "stream"}, 4, 4};
 PyObject* static_stage_body(const std::array<PyObject*, 4>& a) {
-  TORCH_CHECK_TYPE(py::isinstance<StaticInputs>(a[0]),
+  // One type check, by the caster itself: None and other types are refused, without pybind11's
+  // message-less cast_error.
+  py::detail::make_caster<StaticInputs> inputs;
+  TORCH_CHECK_TYPE(inputs.load(a[0], /*convert=*/false),
                    "_static_inputs_stage: inputs must be a pinstage._C.StaticInputs, got ", Py_TYPE(a[0])->tp_name);
-  py::handle(a[0]).cast<StaticInputs&>().stage(a[1], a[2], a[3]);
+  py::detail::cast_op<StaticInputs&>(inputs).stage(a[1], a[2], a[3]);
   Py_RETURN_NONE;
 }
 
