@@ -4,7 +4,7 @@
 # go to $OUT.
 # Usage: OUT=/some/dir bash bench/gpu_round.sh [tests] [collect] [sanitizer] [bench] [engines] [decode] [stress] [quick] [pack]
 #   or any one benchmark by name (microbench, static_inputs, overflow_blocks, builders, vllm_host,
-#   sglang_host, sglang_loop, vllm_loop, row_writes)
+#   sglang_host, sglang_loop, vllm_loop, row_writes, prep_split; "decode" runs prep_split too)
 #   (no stage named: tests bench engines decode pack; "quick" shortens the benchmarks; "pack"
 #   leaves one round.tgz in $OUT, as a lease may bring back only a few files)
 #   tests: exactly the README's test command (bash scripts/test.sh), whole, detached; its summary line goes to
@@ -12,7 +12,8 @@
 #   TESTS_SECONDS, BENCH_SECONDS (each benchmark), LOOP_SECONDS (each engine loop), DECODE_SECONDS,
 #   SANITIZER_SECONDS (each tool of SANITIZER_TOOLS, default "memcheck synccheck"): the time boxes;
 #   DECODE_ARGS: the decode loop's arguments (default "--steps 300 --repeats 3", about 5 minutes);
-#   MICROBENCH_ARGS: more microbenchmark arguments (e.g. "--repeats 9").
+#   MICROBENCH_ARGS: more microbenchmark arguments (e.g. "--repeats 9"); PREP_SPLIT_ARGS: prep_split's
+#   (default bs 64, 0.2 ms forward).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-bench/out/gpu}"
@@ -141,6 +142,11 @@ if has decode; then
   boxed decode_loop "${DECODE_SECONDS:-420}" python3 bench/decode_loop.py $quick ${DECODE_ARGS:---steps 300 --repeats 3} \
     --json "$OUT/decode_loop.json"
   tail -n 40 "$OUT/decode_loop.log"
+fi
+if has decode || has prep_split; then
+  stamp "the decode loop's host prep, call by call"
+  boxed prep_split "$b" python3 bench/prep_split.py ${PREP_SPLIT_ARGS:-} --json "$OUT/prep_split.json"
+  tail -n 16 "$OUT/prep_split.log"
 fi
 if has stress; then
   stamp "stress"

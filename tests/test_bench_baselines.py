@@ -1,8 +1,8 @@
 """The benchmarks' own code, the one test module that imports bench/: the baselines compute what they
 claim to (the engines' copy patterns give the builders' results, the decode loop's unguarded single
 copy and its snapshots write the static inputs), every decode-loop backend and the ideals' replays
-drive the same continuous batch to the same tokens (the benchmark asserts it; run small here), and
-the builders' table fits a terminal."""
+drive the same continuous batch to the same tokens (the benchmark asserts it; run small here), the
+prep split times one backend's timed steps only, and the builders' table fits a terminal."""
 
 import contextlib
 import io
@@ -22,6 +22,7 @@ import _baselines  # noqa: E402
 import _decode_model  # noqa: E402
 import builders  # noqa: E402
 import decode_loop  # noqa: E402
+import prep_split  # noqa: E402
 
 from pinstage.builders import write_cache_indices  # noqa: E402
 
@@ -148,6 +149,33 @@ def test_every_backend_generates_the_same_tokens(device, one_thread):
         assert summary["tokens_per_s"] > 0 and summary["of_ideal"] > 0
         if name not in decode_loop.UNSAFE or device == "cpu":  # the unsafe baselines may race on the GPU only
             assert summary["requests_with_other_tokens"] == 0, name
+
+
+def test_prep_split_times_the_timed_steps_of_its_backend_only(one_thread):
+    """Each timed step writes the inputs once, and each admitting step calls every prefill builder
+    once; the recording run (another backend) and the warm-up add nothing; the wrappers go away."""
+    cfg = decode_loop.Config(
+        batch_size=5,
+        forward_ms=0.2,
+        steps=12,
+        warmup_steps=1,
+        admit_every=2,
+        vocab=256,
+        d_model=32,
+        n_heads=2,
+        max_ctx=68,
+    )
+    originals = (decode_loop.Loop.step, decode_loop.Loop.write_inputs, decode_loop.write_cache_indices)
+    samples = prep_split.split(cfg, torch.device("cpu"), 0.0, "pinstage_static")
+    assert (decode_loop.Loop.step, decode_loop.Loop.write_inputs, decode_loop.write_cache_indices) == originals
+    assert len(samples["write_inputs"]) == len(samples["stage_static"]) == cfg.steps
+    admitting = len(samples["prefill_inputs"])
+    assert 0 < admitting < cfg.steps
+    for name in ("prefill_values", "prefill", *prep_split.BUILDERS):
+        assert len(samples[name]) == admitting, name
+    table = prep_split.rows(samples)
+    assert [r["call"] for r in table][:3] == ["prefill_inputs", "prefill_values", "write_inputs"]
+    assert all(r["median_us"] >= r["p10_us"] > 0 for r in table)
 
 
 def test_rounds_rotate_the_order():
