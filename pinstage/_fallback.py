@@ -103,7 +103,12 @@ def _search(data, dtype, index, searched):
                     expected = len(item)
                 elif len(item) != expected:
                     return index + (i,), item
+        # A level is all sequences or all scalars: an item of the other kind than the first, which
+        # torch will not read beside it (a numpy array beside a list it will), is the one to name.
+        first_is_sequence = type(data[0]) in _SEQUENCES
         for i, item in enumerate(data):
+            if (type(item) in _SEQUENCES) != first_is_sequence and not _converts([data[0], item], dtype):
+                return index + (i,), item
             found = _search(item, dtype, index + (i,), searched)
             if found is not None:
                 return found

@@ -271,6 +271,8 @@ def three_requests():
         ([0, 2**70], IndexError, r"slot 1180591620717411303424 is outside the batch of 3"),
         ([[0, 1]], TypeError, r"slots must be ints, got list \[0, 1\] at index 0"),
         (np.array([[0, 1]]), ValueError, r"slots must be a 1-D list of ints, got shape \(1, 2\)"),
+        (np.array([1.7], dtype=object), TypeError, r"slots must be ints, got float 1.7 at index 0"),
+        (np.array([False, True], dtype=object), TypeError, r"got bool False at index 0 \(a boolean mask"),
     ],
 )
 @pytest.mark.parametrize("method", ["filter", "remove"])
@@ -287,7 +289,15 @@ def test_filter_and_remove_take_integer_slots_only(method, slots, error, message
 
 @pytest.mark.parametrize("method", ["filter", "remove"])
 def test_empty_and_integer_slot_types_are_accepted(method):
-    for slots in ([], np.array([], dtype=np.int64), [np.int32(1)], np.array([1], dtype=np.uint8), torch.tensor([1])):
+    for slots in (
+        [],
+        np.array([], dtype=np.int64),
+        [np.int32(1)],
+        np.array([1], dtype=np.uint8),
+        torch.tensor([1]),
+        [np.uint64(1)],
+        np.array([1], dtype=object),
+    ):
         state = three_requests()
         getattr(state, method)(slots)
         expected = {"filter": [[], [2]], "remove": [[1, 2, 3], [1, 3]]}[method][len(slots)]
@@ -416,3 +426,18 @@ def test_batch_state_builders_do_not_wait_for_a_busy_stream(rng):
             assert_same_tensor(result, expected())
         else:
             assert_fields_equal(result, expected())
+
+
+def test_append_tokens_reads_lists_entry_by_entry():
+    """numpy would read [np.uint64(1), 2, 3] as float64, [] as float64 and [True, 5, 6] as ints."""
+    empty = BatchState()
+    empty.append_tokens([])
+    assert len(empty) == 0
+    state = three_requests()
+    state.append_tokens([np.uint64(7), 8, np.int32(9)])
+    assert state.decode_inputs(device="cpu").input_ids.tolist() == [7, 8, 9]
+    with pytest.raises(TypeError, match=r"^BatchState.append_tokens: token 0 must be an int, got bool True$"):
+        state.append_tokens([True, 5, 6])  # add() refuses a bool token too
+    with pytest.raises(ValueError, match=r"expected 3 tokens \(one per request\), got 2$"):
+        state.append_tokens([5, 6])
+    assert state.decode_inputs(device="cpu").input_ids.tolist() == [7, 8, 9]

@@ -241,6 +241,7 @@ def test_integer_tensors_and_arrays_of_any_width_are_columns(rng):
         strided,
         lambda v: np.array(v, dtype=np.uint16),
         lambda v: [np.int32(x) for x in v],
+        lambda v: np.array(v, dtype=object),  # its entries are checked, then read as a list
     ):
         batch["req_to_token"].fill_(SENTINEL)
         write_cache_indices(*(convert(v) if k in columns else v for k, v in batch.items()))

@@ -69,3 +69,14 @@ def test_decode_builders_do_not_wait_for_a_busy_stream(rng):
             assert_fields_equal(result, reference_decode_inputs(requests, "cuda"))
         else:
             assert_same_tensor(result, reference_last_token_ids(requests, "cuda"))
+
+
+@pytest.mark.parametrize("order", ["int first", "bool first"])
+def test_a_bool_pool_index_is_named_wherever_it_stands(order):
+    """False == 0: a check over the distinct values alone would see one int and accept it."""
+    requests = [Request([1], req_pool_idx=0), Request([2], req_pool_idx=False)]
+    if order == "bool first":
+        requests.reverse()
+    bad = 1 if order == "int first" else 0
+    with pytest.raises(TypeError, match=rf"request {bad}: req_pool_idx must be an int, got bool False"):
+        build_decode_inputs(requests, device="cpu")

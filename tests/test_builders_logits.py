@@ -171,3 +171,26 @@ def test_logits_builder_does_not_wait_for_a_busy_stream(rng, bs):
     assert still_busy, "the builder returned only after the busy stream finished"
     torch.cuda.synchronize()
     check_against_reference(result, lens, starts)
+
+
+@pytest.mark.parametrize(
+    "lens, starts",
+    [
+        ([np.uint64(4), 5], [0, 1]),  # numpy reads this mix as float64
+        ([4, 5], [np.uint64(0), np.int64(1)]),
+        (np.array([4, 5], dtype=object), [0, 1]),
+    ],
+)
+def test_integer_columns_of_mixed_int_types_equal_lists(lens, starts):
+    assert_fields_equal(
+        build_logprob_indices(lens, starts, device="cpu"), build_logprob_indices([4, 5], [0, 1], device="cpu")
+    )
+
+
+@pytest.mark.parametrize("field", ["lens", "starts"])
+def test_a_bool_length_is_refused_not_read_as_an_int(field):
+    lens, starts = [4, 5], [0, 1]
+    (lens if field == "lens" else starts)[1] = True
+    name = "extend_seq_lens" if field == "lens" else "extend_logprob_start_lens"
+    with pytest.raises(TypeError, match=rf"^request 1: {name} must be an int, got bool True$"):
+        build_logprob_indices(lens, starts, device="cpu")

@@ -137,3 +137,38 @@ def test_sampling_builder_does_not_wait_for_a_busy_stream(rng):
     assert still_busy, "the builder returned only after the busy stream finished"
     torch.cuda.synchronize()
     assert_fields_equal(result, reference_sampling_batch(params, "cuda", enable_deterministic_sampling=True))
+
+
+@pytest.mark.parametrize("bad", [1.0, True])
+@pytest.mark.parametrize("position", [0, 1])
+def test_a_top_k_of_another_type_equal_to_an_int_is_named_wherever_it_stands(bad, position):
+    """1.0 and True equal 1: the batch check must look at each request's type, not the set's."""
+    params = [SamplingParams(top_k=1), SamplingParams(top_k=1)]
+    params[position].top_k = bad
+    with pytest.raises(TypeError, match=rf"request {position}: top_k must be an int, got {type(bad).__name__}"):
+        build_sampling_batch(params, device="cpu")
+
+
+def test_an_unhashable_penalty_is_named():
+    params = [SamplingParams(), SamplingParams()]
+    params[1].repetition_penalty = [1.0]
+    with pytest.raises(TypeError, match=r"request 1: repetition_penalty must be a real number, got list \[1.0\]"):
+        build_sampling_batch(params, device="cpu")
+
+
+@pytest.mark.parametrize("position", [0, 1])
+def test_a_temperature_beyond_float_is_named_beside_a_float(position):
+    """As for one request alone: an OverflowError naming the request, not one from the batch check."""
+    from pinstage.builders import BatchState, Request
+
+    params = [SamplingParams(temperature=0.5), SamplingParams(temperature=0.5)]
+    params[position].temperature = 10**400
+    with pytest.raises(OverflowError, match=rf"^request {position}: temperature = 1000.* cannot be converted"):
+        build_sampling_batch(params, device="cpu")
+    state = BatchState()
+    state.add(Request([1]))
+    with pytest.raises(
+        OverflowError, match=r"^BatchState.add: sampling_params.temperature = 1000.* cannot be converted"
+    ):
+        state.add(Request([2], sampling_params=params[position]))
+    assert len(state) == 1 and state.sampling_batch(device="cpu").temperatures.tolist() == [[1.0]]

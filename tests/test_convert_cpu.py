@@ -634,6 +634,9 @@ ELEMENT_ERRORS = [
     ([0, np.float32(-1.0)], torch.uint8, (1,), np.float32(-1.0)),
     ([np.int64(3)], torch.uint64, (0,), np.int64(3)),
     ([1, 2, np.uint64(2**64 - 1)], torch.int64, (2,), np.uint64(2**64 - 1)),
+    ([[1, 2], 3], torch.int64, (1,), 3),  # a level of sequences and scalars: the item of the other kind
+    ([1, [2]], torch.int64, (1,), [2]),
+    ([[1, 2], [3, [4]]], torch.int64, (1, 1), [4]),
     (300, torch.uint8, None, 300),
     (2**64, torch.uint64, None, 2**64),
     (float("nan"), torch.int64, None, float("nan")),

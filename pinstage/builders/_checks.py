@@ -1,6 +1,7 @@
 """Validation for the builders: cheap whole-batch checks, with a walk over the requests only on
 failure, to name the request and the field."""
 
+import math
 from typing import Any, Callable, List, NoReturn, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -24,6 +25,16 @@ def is_real(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def is_int_type(kind: type) -> bool:
+    """is_int for every value of this type."""
+    return issubclass(kind, int) and not issubclass(kind, bool)
+
+
+def is_real_type(kind: type) -> bool:
+    """is_real for every value of this type."""
+    return issubclass(kind, (int, float)) and not issubclass(kind, bool)
+
+
 def is_integer_entry(value: object) -> TypeGuard[Union[int, np.integer[Any]]]:
     """An entry of a per-request integer column: a Python or numpy integer, not a bool."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
@@ -37,15 +48,21 @@ def checked_bounds(
     is not a number of the right kind, else ValueError; the message names the request and the field.
 
     Works on the set of distinct values: a batch carries few distinct sampling settings, so one hash
-    per request replaces two comparisons per request. min/max skip a NaN that is not first; the sum
-    of the distinct values is NaN whenever one of them is.
+    per request replaces two comparisons per request. The types are a set of their own: 1, 1.0 and
+    True are one value in a set, so the values' set cannot tell which types it holds. min/max skip a
+    NaN that is not first; the sum of the distinct values is NaN whenever one of them is.
     """
     try:
         distinct = set(values)
         lo, hi = min(distinct), max(distinct)
-        total = sum(distinct)
-        kind_ok = is_int if integer else is_real
-        ok = total == total and is_valid(lo) and is_valid(hi) and all(kind_ok(v) for v in distinct)
+        kind_ok = is_int_type if integer else is_real_type
+        ok = is_valid(lo) and is_valid(hi) and all(map(kind_ok, set(map(type, values))))
+        if ok:
+            try:
+                total = sum(distinct)
+            except OverflowError:  # an int beyond float's range beside a float: look one by one
+                total = math.nan if any(v != v for v in distinct) else 0.0
+            ok = total == total
     except TypeError:
         ok = False
     if not ok:

@@ -110,6 +110,7 @@ class BatchState:
         params = request.sampling_params
         check_sampling_fields(params, "BatchState.add: sampling_params")
         _check_fits_column("top_k", params.top_k, "top_ks")
+        temperature = _checked_float("temperature", params.temperature)  # the one field that may be a huge int
         penalties = penalty_row(params)
         slot = self._size
         self._reserve(slot + 1)
@@ -117,7 +118,7 @@ class BatchState:
         c["last_token_ids"][slot] = last
         c["seq_lens"][slot] = len(request.origin_input_ids) + len(request.output_ids)
         c["req_pool_indices"][slot] = row
-        c["temperatures"][slot] = params.temperature
+        c["temperatures"][slot] = temperature
         c["top_ps"][slot] = params.top_p
         c["top_ks"][slot] = params.top_k
         c["min_ps"][slot] = params.min_p
@@ -161,19 +162,32 @@ class BatchState:
         check is on the values given, before any conversion that could wrap or truncate them."""
         if isinstance(slots, torch.Tensor):
             slots = slots.numpy()
-        if not isinstance(slots, np.ndarray):
-            for i, value in enumerate(slots):
+        if isinstance(slots, np.ndarray) and slots.ndim != 1:
+            raise ValueError(f"BatchState.{method}: slots must be a 1-D list of ints, got shape {slots.shape}")
+        if type(slots) is list and set(map(type, slots)) <= {int}:  # the usual list: one pass in C
+            try:
+                slots = np.array(slots, dtype=np.int64)
+            except OverflowError:  # beyond int64: an object array, whose values the range check names
+                slots = np.array(slots, dtype=object)
+        elif not isinstance(slots, np.ndarray) or slots.dtype.kind == "O":
+            entries = list(slots)
+            for i, value in enumerate(entries):
                 if not is_integer_entry(value):
                     raise TypeError(
                         f"BatchState.{method}: slots must be ints, got {type(value).__name__} {value!r} at index {i}"
                         + _MASK_HINT * isinstance(value, (bool, np.bool_))
                     )
-        values = np.asarray(slots)
-        if values.ndim != 1:
-            raise ValueError(f"BatchState.{method}: slots must be a 1-D list of ints, got shape {values.shape}")
+            # As Python ints: numpy would make [np.uint64(0), 1] float64. Beyond int64, an object
+            # array, whose values the range check below names.
+            ints = [int(v) for v in entries]
+            try:
+                slots = np.array(ints, dtype=np.int64)
+            except OverflowError:
+                slots = np.array(ints, dtype=object)
+        values = slots
         if not values.size:
             return np.zeros(0, dtype=np.int64)
-        if values.dtype.kind not in "iuO":  # "O": ints beyond 64 bits, which the range check names
+        if values.dtype.kind not in "iuO":  # "O": the checked Python ints above
             raise TypeError(
                 f"BatchState.{method}: slots must be ints, got dtype {values.dtype}"
                 + _MASK_HINT * (values.dtype.kind == "b")
@@ -205,14 +219,24 @@ class BatchState:
         state is unchanged then."""
         where = "BatchState.append_tokens"
         given = tokens.numpy() if isinstance(tokens, torch.Tensor) else tokens
-        values = np.asarray(given)
         n = self._size
+        if isinstance(given, np.ndarray):
+            values = given
+        elif type(given) is list and set(map(type, given)) <= {int} and len(given) == n:  # one pass in C
+            try:
+                values = np.array(given, dtype=np.int64)
+            except OverflowError:  # beyond int64: the walk below names the token
+                values = None
+        else:
+            values = None
+        if values is None:
+            # Each entry checked as given (numpy would make [5, 2**64 - 1] float64, [True, 2] ints).
+            entries = list(given)
+            if len(entries) != n:
+                raise ValueError(f"{where}: expected {n} tokens (one per request), got {len(entries)}")
+            values = np.array([_checked_int(where, f"token {i}", v, *_INT64) for i, v in enumerate(entries)], np.int64)
         if values.shape != (n,):
             raise ValueError(f"{where}: expected {n} tokens (one per request), got shape {values.shape}")
-        if values.dtype.kind not in "iu" and not isinstance(given, np.ndarray):
-            # numpy made the list one type (float64 for [5, 2**64 - 1]): name the entry as given.
-            for i, value in enumerate(given):
-                _checked_int(where, f"token {i}", value, *_INT64)
         if values.dtype.kind not in "iu":
             raise TypeError(f"{where}: tokens must be integers, got {values.dtype}")
         if values.dtype == np.uint64 and n and values.max() > _INT64[1]:
@@ -345,6 +369,17 @@ def _check_fits_column(field: str, value: int, column: str) -> None:
             f"BatchState.add: sampling_params.{field} = {value!r} cannot be converted to "
             f"torch.{info.dtype}: value cannot be converted to type {info.dtype} without overflow"
         )
+
+
+def _checked_float(field: str, value: float) -> float:
+    """value as a float, or OverflowError naming the field, as the list builders and torch.tensor
+    raise it for an int beyond float's range (numpy would raise a bare one while writing the row)."""
+    try:
+        return float(value)
+    except OverflowError as exc:
+        raise OverflowError(
+            f"BatchState.add: sampling_params.{field} = {value!r} cannot be converted to torch.float32: {exc}"
+        ) from None
 
 
 def _checked_int(where: str, field: str, value: object, lo: int, hi: int) -> int:

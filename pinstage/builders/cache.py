@@ -115,8 +115,9 @@ def _int64_column(name: str, column: IntColumn) -> torch.Tensor:
             i = int(np.argmax(values >= 2**63))
             raise ValueError(f"write_cache_indices: {name}: request {i}: {values[i]} is beyond int64")
         return torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64))
-    if isinstance(column, np.ndarray):  # an object array
+    if isinstance(column, np.ndarray):  # an object array: its checked entries, which torch reads as a list
         _check_entries(name, column)
+        column = column.tolist()
     try:
         result: torch.Tensor = pinstage.stage_to_device(column, torch.int64, device="cpu")
     except ValueError as exc:  # a value beyond int64: the element's index is the request's

@@ -50,7 +50,7 @@ def logprob_index_tensors(
     # Checked on the values given: a cast to int64 first would wrap uint64 2**64 - 1 to -1.
     if lens.size:
         if lens.dtype.kind not in "iu" or starts.dtype.kind not in "iu":
-            _raise_first_invalid(extend_seq_lens, extend_logprob_start_lens)  # as given: numpy made them one type
+            _raise_first_invalid(lens.tolist(), starts.tolist())  # an object column holds the entries as given
         if np.uint64 in (lens.dtype, starts.dtype) and max(lens.max(), starts.max()) > _INT64_MAX:
             _raise_first_invalid(lens.tolist(), starts.tolist())
     # The index arithmetic is one pass in C++ (numpy's ~20 whole-array operations cost more than the
@@ -62,19 +62,39 @@ def logprob_index_tensors(
     return indices
 
 
-_INT64_MAX = 2**63 - 1
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 def _column(name: str, values: object) -> npt.NDArray[Any]:
-    """One entry per request as a 1-D numpy array, with the dtype numpy infers (not forced: a float
-    or str must be named as an error, not truncated or parsed)."""
-    try:
-        column = np.asarray(values)
-    except ValueError:  # ragged nesting
+    """One entry per request as a 1-D numpy array: a numeric array as it is (its dtype checked by
+    the caller), anything else entry by entry: int64 when every entry is an int (a Python or numpy
+    int, not a bool) that int64 holds, else an object array of the entries as given, which the
+    caller's walk names (numpy would make [np.uint64(5), 3] float64 and [True, 2] ints)."""
+    if isinstance(values, np.ndarray) and values.dtype.kind != "O":
+        nested = values.ndim > 1
+        column = values if values.ndim == 1 else None
+    elif type(values) is list and set(map(type, values)) <= {int}:  # the usual list: one pass in C
+        try:
+            return np.array(values, dtype=np.int64)
+        except OverflowError:  # beyond int64: the walk below keeps the entries for the caller to name
+            return np.array(values, dtype=object)
+    else:
+        try:
+            entries = list(values)  # type: ignore[call-overload]
+        except TypeError:  # not iterable: a scalar (a 0-d array too)
+            entries = None
+        nested = entries is not None and any(isinstance(v, (list, tuple, np.ndarray)) for v in entries)
         column = None
-    if column is None or column.ndim != 1:
-        got = "a scalar" if column is not None and column.ndim == 0 else "nested"
-        raise TypeError(f"{name} must be a list of ints, one per request, got {got} {type(values).__name__}")
+        if entries is not None and not nested:
+            column = np.empty(len(entries), dtype=object)
+            column[:] = entries
+            if all(is_integer_entry(v) and _INT64_MIN <= v <= _INT64_MAX for v in entries):
+                column = column.astype(np.int64)
+    if column is None:
+        raise TypeError(
+            f"{name} must be a list of ints, one per request, got {'nested' if nested else 'a scalar'} "
+            f"{type(values).__name__}"
+        )
     return column
 
 

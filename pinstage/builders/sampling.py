@@ -103,7 +103,8 @@ def sampling_fields(
         top_p_min, _ = _checked(top_ps, "top_p")
         top_k_min, top_k_max = _checked(top_ks, "top_k")
         _, min_p_max = _checked(min_ps, "min_p")
-        need_penalties = set(penalties) != {NO_PENALTIES}
+        # By equality, not a set: a value that is not hashable (a list) must reach the check below.
+        need_penalties = penalties.count(NO_PENALTIES) != len(penalties)
         if need_penalties:
             frequency, presence, repetition = zip(*penalties)
             _checked(frequency, "frequency_penalty")
