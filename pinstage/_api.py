@@ -100,7 +100,10 @@ def fetch_to_host(tensor: torch.Tensor, stream: Optional[torch.cuda.Stream] = No
 def fetch_many(tensors: Sequence[torch.Tensor], stream: Optional[torch.cuda.Stream] = None) -> FetchHandle:
     """fetch_to_host for several tensors of one device: one ring region, one fence, one copy per
     tensor; handle.tensors() gives them in order."""
-    return FetchHandle(_C.fetch(list(tensors), stream), many=True)
+    tensors = list(tensors)
+    if not tensors:  # the core's message would name its own entry point, fetch
+        raise ValueError("pinstage.fetch_many: nothing to fetch")
+    return FetchHandle(_C.fetch(tensors, stream), many=True)
 
 
 class Stats(TypedDict):

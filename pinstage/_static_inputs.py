@@ -152,6 +152,8 @@ def _field_spec(name, field):
         raise ValueError(
             "pinstage.StaticInputs: field name %r is not valid text (it holds a lone surrogate)" % name
         ) from None
+    if "\x00" in name:  # error messages are C strings: the name would be cut there
+        raise ValueError("pinstage.StaticInputs: field name %r holds a NUL character" % name)
     if not isinstance(field, Field):
         raise TypeError(
             "pinstage.StaticInputs: field '%s' must be a pinstage.Field, got %s" % (name, type(field).__name__)
@@ -171,6 +173,6 @@ def _field_spec(name, field):
     try:
         with torch._C._ExcludeDispatchKeyGuard(_PYTHON_DISPATCH):
             fill = torch.full((), field.fill, dtype=field.dtype, device="cpu")
-    except (RuntimeError, TypeError, ValueError) as exc:
+    except (RuntimeError, TypeError, ValueError, OverflowError) as exc:
         raise type(exc)("pinstage.StaticInputs: field '%s': fill %r: %s" % (name, field.fill, exc)) from None
     return name, field.dtype, shape, fill, bool(field.persistent)

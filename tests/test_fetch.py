@@ -56,7 +56,7 @@ def test_many_form_and_its_errors():
         with pytest.raises(TypeError, match="several tensors"):
             handle.tensor()
         assert handle.tolist() == [[0, 1, 2], [1.0, 1.0]]
-    with pytest.raises(ValueError, match="nothing to fetch"):
+    with pytest.raises(ValueError, match=r"^pinstage.fetch_many: nothing to fetch$"):
         pinstage.fetch_many([])
     with pytest.raises(TypeError, match="item 1 must be a torch.Tensor"):
         pinstage.fetch_many([torch.ones(1), [1, 2]])
