@@ -295,6 +295,24 @@ def test_declarations_out_of_range_or_not_text_name_the_problem():
         StaticInputs({"a\ud800": Field(torch.int64)}, max_bs=4, device="cpu")
     with pytest.raises(RuntimeError, match="more than 2\\*\\*63 bytes|Storage size calculation overflowed"):
         StaticInputs({"x": Field(torch.int64, (2**61,))}, max_bs=4, device="cpu")
+    with pytest.raises(ValueError, match=r"field name 'a\\x00b' holds a NUL character"):
+        StaticInputs({"a\x00b": Field(torch.int64)}, max_bs=4, device="cpu")  # messages would end at the NUL
+    with pytest.raises(
+        RuntimeError, match=r"^pinstage.StaticInputs: field 'table': Storage size calculation overflowed"
+    ):
+        StaticInputs({"ok": Field(torch.int8), "table": Field(torch.int32, (2**62,))}, max_bs=4, device="cpu")
+    with pytest.raises(
+        RuntimeError, match=r"^pinstage.StaticInputs: field 'table': Storage size calculation overflowed"
+    ):
+        StaticInputs({"ok": Field(torch.int8), "table": Field(torch.int64, (2**31,))}, max_bs=2**33, device="cpu")
+
+
+@pytest.mark.parametrize("fill", [2**64, -(2**64), 2**1024])
+def test_a_fill_beyond_its_dtype_names_the_field(fill):
+    """torch.full's OverflowError, as for any fill the dtype cannot hold, with the field named."""
+    dtype = torch.float32 if fill == 2**1024 else torch.int64
+    with pytest.raises(OverflowError, match=rf"^pinstage.StaticInputs: field 'x': fill {fill}: "):
+        StaticInputs({"x": Field(dtype, fill=fill)}, max_bs=4, device="cpu")
 
 
 def test_field_refuses_a_dtype_at_construction():

@@ -63,11 +63,13 @@ StaticInputs::StaticInputs(const std::vector<StaticFieldSpec>& specs, int64_t ma
     TORCH_CHECK_TYPE(
         has_real_memory(fill) && fill.device().is_cpu() && fill.scalar_type() == spec.dtype && fill.numel() == 1,
         "pinstage.StaticInputs: ", f.label(), ": fill must be one CPU value of its dtype held in memory");
-    f.row_bytes = checked_nbytes(spec.row_shape, spec.dtype, &f.row_numel);
+    // A shape too large to describe raises torch's error, which names no field: this names it.
+    const auto named = [&f] { return "pinstage.StaticInputs: " + f.label(); };
+    f.row_bytes = with_error_prefix(named, [&] { return checked_nbytes(spec.row_shape, spec.dtype, &f.row_numel); });
     std::vector<int64_t> shape{max_bs};
     shape.insert(shape.end(), spec.row_shape.begin(), spec.row_shape.end());
     int64_t numel = 0;
-    field_bytes.push_back(checked_nbytes(shape, spec.dtype, &numel));
+    field_bytes.push_back(with_error_prefix(named, [&] { return checked_nbytes(shape, spec.dtype, &numel); }));
     fields_.push_back(std::move(f));
     shapes.push_back(std::move(shape));
   }
