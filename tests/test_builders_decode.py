@@ -80,3 +80,19 @@ def test_a_bool_pool_index_is_named_wherever_it_stands(order):
     bad = 1 if order == "int first" else 0
     with pytest.raises(TypeError, match=rf"request {bad}: req_pool_idx must be an int, got bool False"):
         build_decode_inputs(requests, device="cpu")
+
+
+def test_a_numpy_int_pool_index_is_taken_as_batch_state_takes_it():
+    """BatchState.add and write_cache_indices read numpy ints as rows: the list builder does too."""
+    import numpy as np
+
+    from pinstage.builders import BatchState
+
+    requests = [Request([1], req_pool_idx=np.int64(3)), Request([2], req_pool_idx=np.uint8(5))]
+    state = BatchState()
+    for r in requests:
+        state.add(r)
+    assert_fields_equal(build_decode_inputs(requests, device="cpu"), state.decode_inputs(device="cpu"))
+    requests[1].req_pool_idx = np.int64(-1)
+    with pytest.raises(ValueError, match=r"request 1: req_pool_idx must be >= 0, got (np.int64\(-1\)|-1)$"):
+        build_decode_inputs(requests, device="cpu")

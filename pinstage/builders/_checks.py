@@ -35,17 +35,28 @@ def is_real_type(kind: type) -> bool:
     return issubclass(kind, (int, float)) and not issubclass(kind, bool)
 
 
+def is_integer_entry_type(kind: type) -> bool:
+    """is_integer_entry for every value of this type."""
+    return issubclass(kind, (int, np.integer)) and not issubclass(kind, (bool, np.bool_))
+
+
 def is_integer_entry(value: object) -> TypeGuard[Union[int, np.integer[Any]]]:
     """An entry of a per-request integer column: a Python or numpy integer, not a bool."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 def checked_bounds(
-    values: Sequence[Any], field: str, is_valid: Callable[[Any], bool], expected: str, integer: bool = False
+    values: Sequence[Any],
+    field: str,
+    is_valid: Callable[[Any], bool],
+    expected: str,
+    integer: bool = False,
+    numpy_ints: bool = False,
 ) -> Tuple[Any, Any]:
     """(min, max) of a non-empty list whose values all pass is_valid (an interval test) and, with
-    integer=True, are all ints. Raises for the first request that does not: TypeError if its value
-    is not a number of the right kind, else ValueError; the message names the request and the field.
+    integer=True, are all ints (numpy ints too with numpy_ints=True: an index, where torch.tensor
+    reads them as ints). Raises for the first request that does not: TypeError if its value is not
+    a number of the right kind, else ValueError; the message names the request and the field.
 
     Works on the set of distinct values: a batch carries few distinct sampling settings, so one hash
     per request replaces two comparisons per request. The types are a set of their own: 1, 1.0 and
@@ -55,7 +66,7 @@ def checked_bounds(
     try:
         distinct = set(values)
         lo, hi = min(distinct), max(distinct)
-        kind_ok = is_int_type if integer else is_real_type
+        kind_ok = (is_integer_entry_type if numpy_ints else is_int_type) if integer else is_real_type
         ok = is_valid(lo) and is_valid(hi) and all(map(kind_ok, set(map(type, values))))
         if ok:
             try:
@@ -66,14 +77,14 @@ def checked_bounds(
     except TypeError:
         ok = False
     if not ok:
-        _raise_first_invalid(values, field, is_valid, expected, integer)
+        _raise_first_invalid(values, field, is_valid, expected, integer, numpy_ints)
     return lo, hi
 
 
 def _raise_first_invalid(
-    values: Sequence[Any], field: str, is_valid: Callable[[Any], bool], expected: str, integer: bool
+    values: Sequence[Any], field: str, is_valid: Callable[[Any], bool], expected: str, integer: bool, numpy_ints: bool
 ) -> NoReturn:
-    kind_ok = is_int if integer else is_real
+    kind_ok = (is_integer_entry if numpy_ints else is_int) if integer else is_real
     for i, value in enumerate(values):
         if not kind_ok(value):
             kind = "an int" if integer else "a real number"

@@ -59,7 +59,7 @@ def build_decode_inputs(
 ) -> DecodeInputs:
     """The three per-step decode tensors, staged together (one copy), as SGLang's prepare_for_decode
     makes them. Reads request.origin_input_ids, request.output_ids and the request's req_to_token
-    row, `req_pool_idx` or (SGLang 0.5.23) `kv.req_pool_idx` (DecodeRequest): an int >= 0,
+    row, `req_pool_idx` or (SGLang 0.5.23) `kv.req_pool_idx` (DecodeRequest): an int (Python or numpy) >= 0,
     ValueError naming the request otherwise."""
     return DecodeInputs(*stage_fields(decode_fields(requests), stream, device))
 
@@ -70,7 +70,8 @@ def decode_fields(requests: Sequence[DecodeRequest]) -> List[NamedValues]:
     ids = last_token_ids(requests, "build_decode_inputs")
     req_pool_indices = pool_rows("build_decode_inputs", requests)
     if requests:
-        checked_bounds(req_pool_indices, "req_pool_idx", lambda v: v >= 0, ">= 0", integer=True)
+        # numpy ints as BatchState.add and write_cache_indices take them: the same rows either way.
+        checked_bounds(req_pool_indices, "req_pool_idx", lambda v: v >= 0, ">= 0", integer=True, numpy_ints=True)
     return [
         ("last token id", ids, torch.int64),
         ("seq_len", [len(r.origin_input_ids) + len(r.output_ids) for r in requests], torch.int64),
