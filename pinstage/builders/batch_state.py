@@ -165,10 +165,7 @@ class BatchState:
         if isinstance(slots, np.ndarray) and slots.ndim != 1:
             raise ValueError(f"BatchState.{method}: slots must be a 1-D list of ints, got shape {slots.shape}")
         if type(slots) is list and set(map(type, slots)) <= {int}:  # the usual list: one pass in C
-            try:
-                slots = np.array(slots, dtype=np.int64)
-            except OverflowError:  # beyond int64: an object array, whose values the range check names
-                slots = np.array(slots, dtype=object)
+            slots = _int_array(slots)
         elif not isinstance(slots, np.ndarray) or slots.dtype.kind == "O":
             entries = list(slots)
             for i, value in enumerate(entries):
@@ -177,17 +174,11 @@ class BatchState:
                         f"BatchState.{method}: slots must be ints, got {type(value).__name__} {value!r} at index {i}"
                         + _MASK_HINT * isinstance(value, (bool, np.bool_))
                     )
-            # As Python ints: numpy would make [np.uint64(0), 1] float64. Beyond int64, an object
-            # array, whose values the range check below names.
-            ints = [int(v) for v in entries]
-            try:
-                slots = np.array(ints, dtype=np.int64)
-            except OverflowError:
-                slots = np.array(ints, dtype=object)
+            slots = _int_array([int(v) for v in entries])  # numpy would make [np.uint64(0), 1] float64
         values = slots
         if not values.size:
             return np.zeros(0, dtype=np.int64)
-        if values.dtype.kind not in "iuO":  # "O": the checked Python ints above
+        if values.dtype.kind not in "iuO":  # "O": checked Python ints beyond int64
             raise TypeError(
                 f"BatchState.{method}: slots must be ints, got dtype {values.dtype}"
                 + _MASK_HINT * (values.dtype.kind == "b")
@@ -369,6 +360,15 @@ def _check_fits_column(field: str, value: int, column: str) -> None:
             f"BatchState.add: sampling_params.{field} = {value!r} cannot be converted to "
             f"torch.{info.dtype}: value cannot be converted to type {info.dtype} without overflow"
         )
+
+
+def _int_array(ints: List[int]) -> npt.NDArray[Any]:
+    """Python ints as int64, or as an object array where one is beyond int64 (for the range check to
+    name it, not for numpy to wrap or refuse it)."""
+    try:
+        return np.array(ints, dtype=np.int64)
+    except OverflowError:
+        return np.array(ints, dtype=object)
 
 
 def _checked_float(field: str, value: float) -> float:
