@@ -70,15 +70,16 @@ def split(cfg, dev, cycles_per_us, backend):
     targets = [(decode_loop.Loop, name) for name in LOOP_METHODS]
     targets += [(decode_loop, name) for name in BUILDERS]
     targets += [(batch_state.BatchState, "stage_static")]
-    saved = [(owner, name, getattr(owner, name)) for owner, name in targets] + [(decode_loop.Loop, "step", step)]
+    saved = [(owner, name, getattr(owner, name)) for owner, name in targets]
     try:
-        for owner, name, fn in saved[:-1]:
+        for owner, name, fn in saved:
             setattr(owner, name, timed(fn, name))
         decode_loop.Loop.step = counted_step
         decode_loop.run_config(cfg, dev, cycles_per_us, repeats=1, backends=[backend])
     finally:
         for owner, name, fn in saved:
             setattr(owner, name, fn)
+        decode_loop.Loop.step = step
     return samples
 
 

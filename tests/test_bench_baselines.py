@@ -125,11 +125,10 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_every_backend_generates_the_same_tokens(device, one_thread):
-    """One round of every backend (the rounds' rotation is checked below). A short context keeps
-    max_new_tokens small: in 12 steps about half the requests finish and others join."""
-    cfg = decode_loop.Config(
+def small_loop():
+    """A decode loop small enough for a test: a short context keeps max_new_tokens small, so that in
+    12 steps about half the requests finish and others join."""
+    return decode_loop.Config(
         batch_size=5,
         forward_ms=0.2,
         steps=12,
@@ -140,6 +139,12 @@ def test_every_backend_generates_the_same_tokens(device, one_thread):
         n_heads=2,
         max_ctx=68,
     )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_backend_generates_the_same_tokens(device, one_thread):
+    """One round of every backend (the rounds' rotation is checked below)."""
+    cfg = small_loop()
     dev = torch.device(device)
     cycles = decode_loop.GpuBusy().cycles_per_us if device == "cuda" else 0.0
     results = decode_loop.run_config(cfg, dev, cycles, repeats=1)  # raises if two backends' tokens differ
@@ -154,17 +159,7 @@ def test_every_backend_generates_the_same_tokens(device, one_thread):
 def test_prep_split_times_the_timed_steps_of_its_backend_only(one_thread):
     """Each timed step writes the inputs once, and each admitting step calls every prefill builder
     once; the recording run (another backend) and the warm-up add nothing; the wrappers go away."""
-    cfg = decode_loop.Config(
-        batch_size=5,
-        forward_ms=0.2,
-        steps=12,
-        warmup_steps=1,
-        admit_every=2,
-        vocab=256,
-        d_model=32,
-        n_heads=2,
-        max_ctx=68,
-    )
+    cfg = small_loop()
     originals = (decode_loop.Loop.step, decode_loop.Loop.write_inputs, decode_loop.write_cache_indices)
     samples = prep_split.split(cfg, torch.device("cpu"), 0.0, "pinstage_static")
     assert (decode_loop.Loop.step, decode_loop.Loop.write_inputs, decode_loop.write_cache_indices) == originals

@@ -5,6 +5,7 @@ import math
 from typing import Any, Callable, List, NoReturn, Optional, Sequence, Tuple, Union
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from typing_extensions import TypeGuard  # in typing from Python 3.10; torch depends on typing_extensions
 
@@ -15,34 +16,47 @@ from pinstage._api import Device
 NamedValues = Tuple[str, Sequence[Any], torch.dtype]
 
 
-def is_int(value: object) -> bool:
-    """A Python int that is not a bool (what an integer request field must hold)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_real(value: object) -> bool:
-    """A Python int or float that is not a bool (what a real-valued request field must hold)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+# The kinds of value a field takes, as tests on a value's type: a batch check tests each distinct
+# type once (checked_bounds), the walk that names a request tests its value's type.
 
 
 def is_int_type(kind: type) -> bool:
-    """is_int for every value of this type."""
+    """A Python int that is not a bool (what an integer request field must hold)."""
     return issubclass(kind, int) and not issubclass(kind, bool)
 
 
 def is_real_type(kind: type) -> bool:
-    """is_real for every value of this type."""
+    """A Python int or float that is not a bool (what a real-valued request field must hold)."""
     return issubclass(kind, (int, float)) and not issubclass(kind, bool)
 
 
 def is_integer_entry_type(kind: type) -> bool:
-    """is_integer_entry for every value of this type."""
+    """An entry of a per-request integer column: a Python or numpy integer, not a bool."""
     return issubclass(kind, (int, np.integer)) and not issubclass(kind, (bool, np.bool_))
 
 
+def is_int(value: object) -> bool:
+    return is_int_type(type(value))
+
+
+def is_real(value: object) -> bool:
+    return is_real_type(type(value))
+
+
 def is_integer_entry(value: object) -> TypeGuard[Union[int, np.integer[Any]]]:
-    """An entry of a per-request integer column: a Python or numpy integer, not a bool."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    return is_integer_entry_type(type(value))
+
+
+def plain_int_array(values: object) -> Optional[npt.NDArray[np.int64]]:
+    """A list of Python ints (no bool among them) as an int64 array, in one pass in C; None for
+    anything else, or a value beyond int64, which the caller's walk over the entries names. (numpy
+    alone would make [np.uint64(5), 3] float64 and [True, 2] ints.)"""
+    if type(values) is not list or not set(map(type, values)) <= {int}:
+        return None
+    try:
+        return np.array(values, dtype=np.int64)
+    except OverflowError:
+        return None
 
 
 def checked_bounds(

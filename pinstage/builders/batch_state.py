@@ -18,7 +18,7 @@ import pinstage
 from pinstage import _C, StaticInputs
 from pinstage._api import Device
 
-from ._checks import is_integer_entry
+from ._checks import is_integer_entry, plain_int_array
 from ._fields import TOKEN_FIELDS, lacks_field, penalty_row, pool_row
 from .decode import DecodeInputs
 from .protocols import BatchRequest
@@ -164,8 +164,9 @@ class BatchState:
             slots = slots.numpy()
         if isinstance(slots, np.ndarray) and slots.ndim != 1:
             raise ValueError(f"BatchState.{method}: slots must be a 1-D list of ints, got shape {slots.shape}")
-        if type(slots) is list and set(map(type, slots)) <= {int}:  # the usual list: one pass in C
-            slots = _int_array(slots)
+        plain = plain_int_array(slots)  # the usual list
+        if plain is not None:
+            slots = plain
         elif not isinstance(slots, np.ndarray) or slots.dtype.kind == "O":
             entries = list(slots)
             for i, value in enumerate(entries):
@@ -213,19 +214,14 @@ class BatchState:
         n = self._size
         if isinstance(given, np.ndarray):
             values = given
-        elif type(given) is list and set(map(type, given)) <= {int} and len(given) == n:  # one pass in C
-            try:
-                values = np.array(given, dtype=np.int64)
-            except OverflowError:  # beyond int64: the walk below names the token
-                values = None
         else:
-            values = None
-        if values is None:
-            # Each entry checked as given (numpy would make [5, 2**64 - 1] float64, [True, 2] ints).
             entries = list(given)
             if len(entries) != n:
                 raise ValueError(f"{where}: expected {n} tokens (one per request), got {len(entries)}")
-            values = np.array([_checked_int(where, f"token {i}", v, *_INT64) for i, v in enumerate(entries)], np.int64)
+            plain = plain_int_array(entries)  # the usual list
+            if plain is None:  # each entry checked as given, then converted
+                plain = np.array([_checked_int(where, f"token {i}", v, *_INT64) for i, v in enumerate(entries)])
+            values = plain
         if values.shape != (n,):
             raise ValueError(f"{where}: expected {n} tokens (one per request), got shape {values.shape}")
         if values.dtype.kind not in "iu":

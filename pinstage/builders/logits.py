@@ -23,7 +23,7 @@ import torch
 import pinstage
 
 from .._api import Device
-from ._checks import is_integer_entry
+from ._checks import is_integer_entry, plain_int_array
 
 
 @dataclass
@@ -73,11 +73,8 @@ def _column(name: str, values: object) -> npt.NDArray[Any]:
     if isinstance(values, np.ndarray) and values.dtype.kind != "O":
         nested = values.ndim > 1
         column = values if values.ndim == 1 else None
-    elif type(values) is list and set(map(type, values)) <= {int}:  # the usual list: one pass in C
-        try:
-            return np.array(values, dtype=np.int64)
-        except OverflowError:  # beyond int64: the walk below keeps the entries for the caller to name
-            return np.array(values, dtype=object)
+    elif (plain := plain_int_array(values)) is not None:  # the usual list
+        return plain
     else:
         try:
             entries = list(values)  # type: ignore[call-overload]
