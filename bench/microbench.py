@@ -71,6 +71,8 @@ METHOD_NOTES = {
     "reused_buffer": "one persistent pinned buffer filled through numpy, then .to(dev, non_blocking=True); "
     "unsafe (it rewrites memory an earlier copy may still read), timing only",
     "floor": "copy_ of an already-filled pinned tensor into a device tensor: no conversion, the lower bound",
+    "floor_alloc": "pinned.to(dev, non_blocking=True) of the same pre-filled pinned tensor: the floor plus the "
+    "result's allocation, which stage_to_device makes too and copy_ does not",
     "pinstage": "pinstage.stage_to_device(values, dtype)",
     "stage_into": "pinstage.stage_into(values, out): no device allocation",
     "stage_many": "pinstage.stage_many: every item in one ring region and one copy",
@@ -282,6 +284,7 @@ def list_methods(values, dtype, dev, reused):
         ("pinned", lambda: torch.tensor(values, dtype=dtype, pin_memory=True).to(dev, non_blocking=True)),
         ("reused_buffer", reused_buffer),
         ("floor", lambda: floor_dst.copy_(prefilled, non_blocking=True)),
+        ("floor_alloc", lambda: prefilled.to(dev, non_blocking=True)),
         ("pinstage", lambda: pinstage.stage_to_device(values, dtype)),
         ("stage_into", lambda: pinstage.stage_into(values, into_dst)),
     ]
@@ -444,6 +447,15 @@ def run_gpu(settings, report, quick):
     report["pinstage_stats"] = pinstage.stats(device=dev)
 
 
+LIST_METHODS = ("blocking", "pinned", "reused_buffer", "floor", "floor_alloc", "pinstage", "stage_into")
+
+
+def idle_busy_ratio(methods, a, b):
+    return "%s, %s" % tuple(
+        _report.fmt_ratio(ratio(median(methods[a], mode), median(methods[b], mode))) for mode in ("idle", "busy")
+    )
+
+
 def print_gpu(report):
     sections = report["sections"]
     lists_header = [
@@ -452,10 +464,13 @@ def print_gpu(report):
         "pinned",
         "reused buffer",
         "floor",
+        "floor + alloc",
         "pinstage",
         "stage_into",
         "pinned / pinstage",
         "pinstage / floor idle, busy",
+        "pinstage / floor + alloc",
+        "stage_into / floor",
         "pinstage busy / idle",
     ]
     for dtype in LIST_DTYPES:
@@ -466,19 +481,17 @@ def print_gpu(report):
             m = cell["methods"]
             rows.append(
                 [cell["size"]]
-                + [cell_text(m[k]) for k in ("blocking", "pinned", "reused_buffer", "floor", "pinstage", "stage_into")]
+                + [cell_text(m[k]) for k in LIST_METHODS]
                 + [
                     _report.fmt_ratio(ratio(median(m["pinned"]), median(m["pinstage"]))),
-                    "%s, %s"
-                    % tuple(
-                        _report.fmt_ratio(ratio(median(m["pinstage"], mode), median(m["floor"], mode)))
-                        for mode in ("idle", "busy")
-                    ),
+                    idle_busy_ratio(m, "pinstage", "floor"),
+                    idle_busy_ratio(m, "pinstage", "floor_alloc"),
+                    idle_busy_ratio(m, "stage_into", "floor"),
                     _report.fmt_ratio(ratio(median(m["pinstage"], "busy"), median(m["pinstage"]))),
                 ]
             )
         _report.print_table(rows)
-    print_legend(["blocking", "pinned", "reused_buffer", "floor", "pinstage", "stage_into"])
+    print_legend(LIST_METHODS)
     print()
     print("Driver calls per staging of an int64 list besides its cudaMemcpyAsync (pinstage.stats()), GPU idle / busy")
     rows = [["size", "cudaEventQuery", "cudaEventRecord"]]

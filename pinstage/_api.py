@@ -94,16 +94,13 @@ def fetch_to_host(tensor: torch.Tensor, stream: Optional[torch.cuda.Stream] = No
     A CPU tensor gives a handle over a copy of it, ready at once. Conjugate and negative views
     come back resolved; a quantized tensor, or one without memory of its own (a tensor subclass
     wrapping others, a fake or zero tensor, a nested tensor), raises TypeError."""
-    return FetchHandle(_C.fetch([tensor], stream), many=False)
+    return FetchHandle(_C.fetch([tensor], stream, False), many=False)
 
 
 def fetch_many(tensors: Sequence[torch.Tensor], stream: Optional[torch.cuda.Stream] = None) -> FetchHandle:
     """fetch_to_host for several tensors of one device: one ring region, one fence, one copy per
     tensor; handle.tensors() gives them in order."""
-    tensors = list(tensors)
-    if not tensors:  # the core's message would name its own entry point, fetch
-        raise ValueError("pinstage.fetch_many: nothing to fetch")
-    return FetchHandle(_C.fetch(tensors, stream), many=True)
+    return FetchHandle(_C.fetch(tensors, stream, True), many=True)
 
 
 class Stats(TypedDict):

@@ -58,8 +58,10 @@ def test_many_form_and_its_errors():
         assert handle.tolist() == [[0, 1, 2], [1.0, 1.0]]
     with pytest.raises(ValueError, match=r"^pinstage.fetch_many: nothing to fetch$"):
         pinstage.fetch_many([])
-    with pytest.raises(TypeError, match="item 1 must be a torch.Tensor"):
+    with pytest.raises(TypeError, match="^pinstage.fetch_many: item 1 must be a torch.Tensor, got list$"):
         pinstage.fetch_many([torch.ones(1), [1, 2]])
+    with pytest.raises(TypeError, match="^pinstage.fetch_to_host: tensor must be a torch.Tensor, got int$"):
+        pinstage.fetch_to_host(3)
     with pytest.raises(ValueError, match="no stream applies"):
         pinstage.fetch_to_host(torch.ones(1), torch.cuda.Stream() if torch.cuda.is_available() else object())
 
@@ -263,8 +265,10 @@ def test_conjugate_and_negative_views_come_back_resolved(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_tensors_without_memory_of_their_own_are_refused(device):
     q = torch.quantize_per_tensor(torch.tensor([1.0, 2.0], device=device), 0.5, 0, torch.qint8)
-    with pytest.raises(TypeError, match="tensor 0 is quantized"):
+    with pytest.raises(TypeError, match="^pinstage.fetch_to_host: tensor 0 is quantized"):
         pinstage.fetch_to_host(q)
+    with pytest.raises(TypeError, match="^pinstage.fetch_many: tensor 0 is quantized"):
+        pinstage.fetch_many([q])
     wrapper = WrapperTensor(torch.arange(4, device=device))
     with pytest.raises(TypeError, match="tensor 1 .*has no memory of its own"):
         pinstage.fetch_many([torch.arange(2, device=device), wrapper])

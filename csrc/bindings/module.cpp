@@ -157,14 +157,15 @@ PyMethodDef kFastMethods[] = {
     fast_method<4, kStaticStage, static_stage_body>(kStaticInputsStageDoc),
 };
 
-std::vector<at::Tensor> tensors_arg(py::handle tensors, const char* api) {
+// fetch's tensors; many: fetch_many's list (an error names the item) or fetch_to_host's one tensor.
+std::vector<at::Tensor> tensors_arg(py::handle tensors, bool many) {
   // A tuple copy: checking an item runs no Python code, but the caller's list could change meanwhile
   // in another thread.
   py::tuple items = py::tuple(py::reinterpret_borrow<py::object>(tensors));
   std::vector<at::Tensor> out;
   for (size_t i = 0; i < items.size(); ++i) {
-    TORCH_CHECK_TYPE(is_tensor(items[i].ptr()), "pinstage.", api, ": item ", i, " must be a torch.Tensor, got ",
-                     Py_TYPE(items[i].ptr())->tp_name);
+    TORCH_CHECK_TYPE(is_tensor(items[i].ptr()), "pinstage.", many ? "fetch_many: item " : "fetch_to_host: tensor",
+                     many ? std::to_string(i) : "", " must be a torch.Tensor, got ", Py_TYPE(items[i].ptr())->tp_name);
     out.push_back(unpack_tensor(items[i].ptr()));
   }
   return out;
@@ -250,9 +251,11 @@ PYBIND11_MODULE(_C, m) {
       .def("release", &FetchHandle::release)
       .def_property_readonly("released", &FetchHandle::released)
       .def("__len__", &FetchHandle::count);
-  m.def("fetch", [](py::handle tensors, py::handle stream) {
-    return translate_errors(
-        [&] { return FetchHandle::start(tensors_arg(tensors, "fetch_many"), stream.ptr(), "fetch"); });
+  // many: which public function the call serves (fetch_many or fetch_to_host), for its messages.
+  m.def("fetch", [](py::handle tensors, py::handle stream, bool many) {
+    return translate_errors([&] {
+      return FetchHandle::start(tensors_arg(tensors, many), stream.ptr(), many ? "fetch_many" : "fetch_to_host");
+    });
   });
 
   py::class_<StaticInputs>(m, "StaticInputs")

@@ -12,6 +12,8 @@ import torch
 import pinstage
 
 _FIELDS = ("req_pool_indices", "prefix_lens", "seq_lens", "extend_lens")
+# The op's one overload, resolved once (see logits.py's _LOGPROB_INDICES).
+_WRITE_CACHE_INDICES = torch.ops.pinstage.write_cache_indices.default
 
 # One int per request: a list, an integer numpy array or an integer CPU tensor.
 IntColumn = Union[Sequence[int], npt.NDArray[np.integer[Any]], torch.Tensor]
@@ -53,9 +55,7 @@ def write_cache_indices(
     # each request's offset in out_cache_loc and copies them with the prefix table in one copy.
     with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
         try:
-            torch.ops.pinstage.write_cache_indices(
-                req_to_token, rows, prefix_tensors, prefixes, lengths, None, out_cache_loc, extends
-            )
+            _WRITE_CACHE_INDICES(req_to_token, rows, prefix_tensors, prefixes, lengths, None, out_cache_loc, extends)
         except (TypeError, RuntimeError):
             _raise_if_not_tensors(prefix_tensors)
             raise

@@ -55,7 +55,7 @@ def logprob_index_tensors(
             _raise_first_invalid(lens.tolist(), starts.tolist())
     # The index arithmetic is one pass in C++ (numpy's ~20 whole-array operations cost more than the
     # staging at small batches).
-    indices: Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] = torch.ops.pinstage.logprob_indices(
+    indices: Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] = _LOGPROB_INDICES(
         torch.from_numpy(np.ascontiguousarray(lens, dtype=np.int64)),
         torch.from_numpy(np.ascontiguousarray(starts, dtype=np.int64)),
     )
@@ -63,6 +63,9 @@ def logprob_index_tensors(
 
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+# The op's one overload, resolved once: a call through the packet resolves it per call and runs
+# more of torch's code, which a scheduler step pays for with its caches cold (docs/design.md).
+_LOGPROB_INDICES = torch.ops.pinstage.logprob_indices.default
 
 
 def _column(name: str, values: object) -> npt.NDArray[Any]:
