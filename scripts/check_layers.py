@@ -2,7 +2,8 @@
 
 Lowest first: python (CPython objects, the GIL, naming errors), convert (values -> typed bytes),
 ring (pinned memory and fences), copy (device/stream targets, copies through the ring), tensor
-(stage_to_device & co., StaticInputs), ops (torch.ops.pinstage), bindings (the Python module).
+(stage_to_device & co., StaticInputs), ops (the builders' compiled work: torch.ops.pinstage's operator,
+the logits indices), bindings (the Python module).
 Usage: python scripts/check_layers.py [csrc folder]; prints each upward include, exits 1 if any.
 """
 

@@ -266,16 +266,18 @@ def test_write_cache_indices_reads_each_value_once_while_another_thread_writes_t
 
 
 def test_logprob_indices_reads_each_length_once_while_another_thread_writes_them():
-    """Another thread flips the lengths through .numpy() while the op runs (with the GIL
-    released): the op sized its outputs from one reading and once filled them from another,
-    writing past them. Each result must be one batch's indices."""
+    """Another thread flips the lengths in their numpy array while the indices are computed from
+    it: an op that ran with the GIL released once sized its outputs from one reading and filled
+    them from another, writing past them. Each result must be one batch's indices."""
     out = expect_in_child(
         """
         import threading, time
+        import numpy as np
+        from pinstage.builders import logprob_index_tensors
         bs = 256
-        lens = torch.ones(bs, dtype=torch.int64)
-        starts = torch.zeros(bs, dtype=torch.int64)
-        view, stop = lens.numpy(), threading.Event()
+        view = np.ones(bs, dtype=np.int64)
+        starts = np.zeros(bs, dtype=np.int64)
+        stop = threading.Event()
 
         def writer():
             while not stop.is_set():
@@ -288,7 +290,7 @@ def test_logprob_indices_reads_each_length_once_while_another_thread_writes_them
         end = time.monotonic() + 1.0
         try:
             while time.monotonic() < end:
-                sample, logprob, pruned, kept = torch.ops.pinstage.logprob_indices(lens, starts)
+                sample, logprob, pruned, kept = logprob_index_tensors(view, starts)
                 # starts are 0: every kept row carries an input logprob.
                 assert logprob.numel() == kept.numel() == int(pruned.sum()) == int(sample[-1]) + 1
                 assert kept.tolist() == list(range(kept.numel()))

@@ -16,6 +16,8 @@
 #include "convert/item_plan.h"
 #include "copy/fetch.h"
 #include "copy/target.h"
+#include "ops/logprob_indices.h"
+#include "ops/write_cache_indices.h"
 #include "python/py_objects.h"
 #include "ring/device_stats.h"
 #include "ring/options.h"
@@ -251,6 +253,39 @@ PYBIND11_MODULE(_C, m) {
       .def("release", &FetchHandle::release)
       .def_property_readonly("released", &FetchHandle::released)
       .def("__len__", &FetchHandle::count);
+  // The logits processor's index tensors (pinstage/builders/logits.py): each column converted by
+  // pinstage's converter into memory of the call's own, no torch op in between.
+  m.def("logprob_indices", [](py::handle lens, py::handle starts) {
+    return translate_errors([&] {
+      auto column = [](py::handle values) {
+        ItemPlan plan = plan_item(values.ptr(), at::kLong);
+        TORCH_CHECK_VALUE(plan.shape.size() == 1, "logprob_indices: each column must be one int per request");
+        return cpu_values(plan);
+      };
+      const at::Tensor len = column(lens);
+      const at::Tensor start = column(starts);
+      return logprob_indices(c10::ArrayRef<int64_t>(len.const_data_ptr<int64_t>(), len.numel()),
+                             c10::ArrayRef<int64_t>(start.const_data_ptr<int64_t>(), start.numel()));
+    });
+  });
+  // pinstage.builders.write_cache_indices's call of the op's kernel, without torch's dispatcher: the
+  // builder has checked its tensors' types and made the four columns; a prefix entry is checked here.
+  m.def("write_cache_indices", [](const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
+                                  py::handle prefix_tensors, const at::Tensor& prefix_lens, const at::Tensor& seq_lens,
+                                  const at::Tensor& out_cache_loc, const at::Tensor& extend_lens) {
+    translate_errors([&] {
+      const py::tuple items = py::tuple(py::reinterpret_borrow<py::object>(prefix_tensors));
+      std::vector<at::Tensor> prefixes;
+      prefixes.reserve(items.size());
+      for (size_t i = 0; i < items.size(); ++i) {
+        TORCH_CHECK_TYPE(is_tensor(items[i].ptr()), "write_cache_indices: request ", i,
+                         ": prefix_tensors entry must be a tensor, got ", Py_TYPE(items[i].ptr())->tp_name);
+        prefixes.push_back(unpack_tensor(items[i].ptr()));
+      }
+      write_cache_indices(req_to_token, req_pool_indices, prefixes, prefix_lens, seq_lens, std::nullopt, out_cache_loc,
+                          extend_lens);
+    });
+  });
   // many: which public function the call serves (fetch_many or fetch_to_host), for its messages.
   m.def("fetch", [](py::handle tensors, py::handle stream, bool many) {
     return translate_errors([&] {

@@ -1,40 +1,16 @@
 #include "ops/logprob_indices.h"
 
-#include <ATen/ops/empty.h>
-#include <torch/library.h>
+#include <ATen/EmptyTensor.h>
 
 #include <cstdint>
-#include <cstring>
-#include <utility>
-#include <vector>
 
 namespace pinstage {
-namespace {
 
-// The column's values, read once into memory of the op's own: the op runs with the GIL released,
-// and another thread writing the caller's tensor between the pass that sizes the outputs and the
-// pass that fills them would make the outputs too small.
-std::vector<int64_t> copy_of(const at::Tensor& t) {
-  std::vector<int64_t> out(static_cast<size_t>(t.numel()));
-  if (!out.empty()) std::memcpy(out.data(), t.const_data_ptr<int64_t>(), out.size() * sizeof(int64_t));
-  return out;
-}
-
-}  // namespace
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprob_indices(const at::Tensor& lens,
-                                                                           const at::Tensor& starts) {
-  for (const auto& [name, t] : {std::pair{"extend_seq_lens", &lens}, std::pair{"extend_logprob_start_lens", &starts}}) {
-    TORCH_CHECK_TYPE(t->scalar_type() == at::kLong, "logprob_indices: ", name, " must be int64, got ",
-                     t->scalar_type());
-    TORCH_CHECK_VALUE(t->device().is_cpu() && t->dim() == 1 && t->is_contiguous(), "logprob_indices: ", name,
-                      " must be a contiguous 1-D CPU tensor, got shape ", t->sizes(), " on ", t->device());
-  }
-  const int64_t bs = lens.numel();
-  TORCH_CHECK_VALUE(starts.numel() == bs, "extend_seq_lens has ", bs, " entries but extend_logprob_start_lens has ",
-                    starts.numel());
-  const std::vector<int64_t> len = copy_of(lens);
-  const std::vector<int64_t> start = copy_of(starts);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprob_indices(c10::ArrayRef<int64_t> len,
+                                                                           c10::ArrayRef<int64_t> start) {
+  const int64_t bs = static_cast<int64_t>(len.size());
+  TORCH_CHECK_VALUE(start.size() == len.size(), "extend_seq_lens has ", bs,
+                    " entries but extend_logprob_start_lens has ", start.size());
   int64_t rows_total = 0;  // hidden-state rows: every index below is smaller
   int64_t kept_total = 0;
   int64_t logprob_total = 0;
@@ -51,11 +27,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprob_indices(const
     kept_total += pruned == 0 ? 1 : pruned;
     logprob_total += pruned;
   }
-  const auto options = at::TensorOptions().dtype(at::kLong);
-  at::Tensor sample = at::empty({bs}, options);
-  at::Tensor input_logprob = at::empty({logprob_total}, options);
-  at::Tensor pruned_lens = at::empty({bs}, options);
-  at::Tensor rows = at::empty({kept_total}, options);
+  // Made without the dispatcher: a scheduler step calls this with its caches cold, where every
+  // layer of torch's code a call runs costs microseconds (docs/design.md, Measuring in a loop).
+  auto empty = [](int64_t n) { return at::Tensor(at::detail::empty_cpu({n}, at::kLong)); };
+  at::Tensor sample = empty(bs);
+  at::Tensor input_logprob = empty(logprob_total);
+  at::Tensor pruned_lens = empty(bs);
+  at::Tensor rows = empty(kept_total);
   int64_t* sample_out = sample.data_ptr<int64_t>();
   int64_t* logprob_out = input_logprob.data_ptr<int64_t>();
   int64_t* pruned_out = pruned_lens.data_ptr<int64_t>();
@@ -78,5 +56,3 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprob_indices(const
 }
 
 }  // namespace pinstage
-
-TORCH_LIBRARY_IMPL(pinstage, CPU, m) { m.impl("logprob_indices", &pinstage::logprob_indices); }

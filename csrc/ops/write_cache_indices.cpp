@@ -352,6 +352,8 @@ void write_on_cuda(CacheIndexParams& p, const PrefixTable& table, const HostValu
 }
 #endif
 
+}  // namespace
+
 // The op's CPU and CUDA kernel: one set of checks, then the loop or the kernel for req_to_token's
 // device. Per-request values on the CPU are copied and checked on the host (all of them, for the
 // CPU op).
@@ -383,6 +385,8 @@ void write_cache_indices(const at::Tensor& req_to_token, const at::Tensor& req_p
                 out_cache_offsets);
 #endif
 }
+
+namespace {
 
 // Fake tensors (torch.compile's tracing) write nothing. A meta tensor among real ones also lands
 // here (Meta outranks CPU and CUDA in dispatch): refused, as the real kernels refuse it.

@@ -6,7 +6,10 @@
 // [prefix_lens[i], seq_lens[i]).
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
+#include <optional>
 
 namespace pinstage {
 
@@ -28,6 +31,14 @@ struct CacheIndexParams {
   const int64_t* out_cache_loc;
   int64_t out_cache_len;
 };
+
+// The op torch.ops.pinstage.write_cache_indices runs (library.cpp has its schema), also called
+// directly by pinstage.builders.write_cache_indices (bindings/module.cpp): the same checks and
+// kernel without torch's dispatcher. Sets its own device guard and uses the current stream.
+void write_cache_indices(const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
+                         at::TensorList prefix_tensors, const at::Tensor& prefix_lens, const at::Tensor& seq_lens,
+                         const std::optional<at::Tensor>& out_cache_offsets, const at::Tensor& out_cache_loc,
+                         const std::optional<at::Tensor>& extend_lens);
 
 #ifdef PINSTAGE_WITH_CUDA
 // One block per request on `stream` (a cudaStream_t); rows whose values are out of bounds are skipped.

@@ -10,10 +10,9 @@ import numpy.typing as npt
 import torch
 
 import pinstage
+from pinstage import _C
 
 _FIELDS = ("req_pool_indices", "prefix_lens", "seq_lens", "extend_lens")
-# The op's one overload, resolved once (see logits.py's _LOGPROB_INDICES).
-_WRITE_CACHE_INDICES = torch.ops.pinstage.write_cache_indices.default
 
 # One int per request: a list, an integer numpy array or an integer CPU tensor.
 IntColumn = Union[Sequence[int], npt.NDArray[np.integer[Any]], torch.Tensor]
@@ -51,24 +50,12 @@ def write_cache_indices(
     # changes the list.
     prefix_tensors = list(prefix_tensors)
     rows, prefixes, lengths, extends = _int64_columns((req_pool_indices, prefix_lens, seq_lens, extend_lens))
-    # One op: it checks the CPU values on the host (extend_lens against the lengths too), computes
-    # each request's offset in out_cache_loc and copies them with the prefix table in one copy.
+    # The op's kernel, called without torch's dispatcher (a scheduler step pays for each layer of
+    # code a call runs: docs/design.md): it checks the CPU values on the host (extend_lens against
+    # the lengths too), computes each request's offset in out_cache_loc and copies them with the
+    # prefix table in one copy.
     with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-        try:
-            _WRITE_CACHE_INDICES(req_to_token, rows, prefix_tensors, prefixes, lengths, None, out_cache_loc, extends)
-        except (TypeError, RuntimeError):
-            _raise_if_not_tensors(prefix_tensors)
-            raise
-
-
-def _raise_if_not_tensors(prefix_tensors: List[torch.Tensor]) -> None:
-    """torch's error for a prefix_tensors entry that is no tensor (a RuntimeError from its argument
-    parser), as a TypeError naming the request (looked for only once the op has refused the call)."""
-    for i, t in enumerate(prefix_tensors):
-        if not issubclass(type(t), torch.Tensor):
-            raise TypeError(
-                f"write_cache_indices: request {i}: prefix_tensors entry must be a tensor, got {type(t).__name__}"
-            ) from None
+        _C.write_cache_indices(req_to_token, rows, prefix_tensors, prefixes, lengths, out_cache_loc, extends)
 
 
 def _int64_columns(columns: Sequence[IntColumn]) -> List[torch.Tensor]:

@@ -21,6 +21,7 @@ import numpy.typing as npt
 import torch
 
 import pinstage
+from pinstage import _C
 
 from .._api import Device
 from ._checks import is_integer_entry, plain_int_array
@@ -43,6 +44,13 @@ def logprob_index_tensors(
     Raises ValueError naming the request when a length is < 1 or beyond int64 or a start is outside
     [0, length], TypeError when one is not an integer or a column is not a list.
     """
+    lens: object = extend_seq_lens
+    starts: object = extend_logprob_start_lens
+    if _is_int64_column(lens) and _is_int64_column(starts):  # an engine's usual call
+        try:
+            return _C.logprob_indices(lens, starts)
+        except (ValueError, RuntimeError):
+            pass  # a value beyond int64 or out of range: the checked path below names the request
     lens = _column("extend_seq_lens", extend_seq_lens)
     starts = _column("extend_logprob_start_lens", extend_logprob_start_lens)
     if lens.size != starts.size:
@@ -54,18 +62,20 @@ def logprob_index_tensors(
         if np.uint64 in (lens.dtype, starts.dtype) and max(lens.max(), starts.max()) > _INT64_MAX:
             _raise_first_invalid(lens.tolist(), starts.tolist())
     # The index arithmetic is one pass in C++ (numpy's ~20 whole-array operations cost more than the
-    # staging at small batches).
-    indices: Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] = _LOGPROB_INDICES(
-        torch.from_numpy(np.ascontiguousarray(lens, dtype=np.int64)),
-        torch.from_numpy(np.ascontiguousarray(starts, dtype=np.int64)),
-    )
-    return indices
+    # staging at small batches), reached without torch's dispatcher or torch.from_numpy: in a
+    # scheduler step each layer of code a call runs costs microseconds (docs/design.md).
+    return _C.logprob_indices(np.ascontiguousarray(lens, dtype=np.int64), np.ascontiguousarray(starts, dtype=np.int64))
 
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-# The op's one overload, resolved once: a call through the packet resolves it per call and runs
-# more of torch's code, which a scheduler step pays for with its caches cold (docs/design.md).
-_LOGPROB_INDICES = torch.ops.pinstage.logprob_indices.default
+
+
+def _is_int64_column(values: object) -> bool:
+    """A list of Python ints (no bool) or a 1-D signed-integer numpy array: what the compiled core
+    converts to int64 as given, or refuses (a value beyond int64)."""
+    if type(values) is list:
+        return set(map(type, values)) <= {int}
+    return type(values) is np.ndarray and values.ndim == 1 and values.dtype.kind == "i"
 
 
 def _column(name: str, values: object) -> npt.NDArray[Any]:
