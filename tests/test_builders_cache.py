@@ -469,3 +469,19 @@ def test_the_op_computes_the_offsets_from_host_values(rng, device):
                 out_cache_loc,
                 torch.tensor(extend_lens),
             )
+
+
+def test_the_builder_refuses_fake_tensors_where_the_op_serves_them():
+    """The builder calls the kernel without torch's dispatcher (docs/limits.md): under a fake mode
+    it raises, naming the request, while the op's fake kernel writes nothing and returns."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        table = torch.zeros(4, 16, dtype=torch.int32)
+        prefix, out_cache_loc = torch.arange(2), torch.arange(3)
+        with pytest.raises(TypeError, match="request 0: prefix_tensors entry has no memory of its own"):
+            write_cache_indices(table, [1], [prefix], [2], [5], [3], out_cache_loc)
+        rows, prefix_lens, seq_lens, extend_lens = (torch.tensor([v]) for v in (1, 2, 5, 3))
+        torch.ops.pinstage.write_cache_indices(
+            table, rows, [prefix], prefix_lens, seq_lens, None, out_cache_loc, extend_lens
+        )
