@@ -473,15 +473,39 @@ def test_the_op_computes_the_offsets_from_host_values(rng, device):
 
 def test_the_builder_refuses_fake_tensors_where_the_op_serves_them():
     """The builder calls the kernel without torch's dispatcher (docs/limits.md): under a fake mode
-    it raises, naming the request, while the op's fake kernel writes nothing and returns."""
+    it raises, naming the argument, while the op's fake kernel writes nothing and returns."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():
         table = torch.zeros(4, 16, dtype=torch.int32)
         prefix, out_cache_loc = torch.arange(2), torch.arange(3)
-        with pytest.raises(TypeError, match="request 0: prefix_tensors entry has no memory of its own"):
+        with pytest.raises(TypeError, match="write_cache_indices: req_to_token has no memory of its own"):
             write_cache_indices(table, [1], [prefix], [2], [5], [3], out_cache_loc)
+        with pytest.raises(TypeError, match="req_to_token has no memory of its own"):  # an empty batch too
+            write_cache_indices(table, [], [], [], [], [], torch.arange(0))
         rows, prefix_lens, seq_lens, extend_lens = (torch.tensor([v]) for v in (1, 2, 5, 3))
         torch.ops.pinstage.write_cache_indices(
             table, rows, [prefix], prefix_lens, seq_lens, None, out_cache_loc, extend_lens
         )
+    real_table = torch.zeros(4, 16, dtype=torch.int32)
+    with FakeTensorMode():
+        fake_loc = torch.arange(3)
+    with pytest.raises(TypeError, match="out_cache_loc has no memory of its own"):
+        write_cache_indices(real_table, [1], [torch.arange(2)], [2], [5], [3], fake_loc)
+    assert not real_table.any()
+
+
+def test_negative_views_are_read_as_their_values_or_refused():
+    """A negative view's bytes are the negatives of its values (torch's dispatcher resolves it
+    before an op's kernel): a per-request column is read as its values, a tensor the kernel reads
+    is refused, naming it; nothing is written then."""
+    table = torch.zeros(4, 8, dtype=torch.int32)
+    rows = torch._neg_view(torch.tensor([-1]))  # the value 1
+    write_cache_indices(table, rows, [torch.arange(0)], [0], [3], [3], torch.arange(3))
+    assert table[1].tolist() == [0, 1, 2, 0, 0, 0, 0, 0] and not table[[0, 2, 3]].any()
+    table.zero_()
+    with pytest.raises(ValueError, match="out_cache_loc is a negative view"):
+        write_cache_indices(table, [1], [torch.arange(0)], [0], [3], [3], torch._neg_view(torch.arange(3)))
+    with pytest.raises(ValueError, match="request 0: prefix_tensors entry is a negative view"):
+        write_cache_indices(table, [1], [torch._neg_view(torch.arange(2))], [2], [3], [1], torch.arange(1))
+    assert not table.any()

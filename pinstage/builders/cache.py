@@ -87,7 +87,9 @@ def _int64_column(name: str, column: IntColumn) -> torch.Tensor:
             and column.device.type == "cpu"
             and column.dim() == 1
         ):
-            return column.contiguous()  # itself where it is: the op checks its memory against req_to_token's
+            # itself where it is (the op checks its memory against req_to_token's); a negative view's
+            # values, not its bytes
+            return column.resolve_neg().contiguous()
     else:
         # A copy: reading an entry can run Python code (an __index__) that changes the list.
         column = list(column)
