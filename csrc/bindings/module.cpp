@@ -14,7 +14,6 @@
 #include "bindings/fast_args.h"
 #include "convert/buffer_source.h"
 #include "convert/item_plan.h"
-#include "convert/tensor_memory.h"
 #include "copy/fetch.h"
 #include "copy/target.h"
 #include "ops/logprob_indices.h"
@@ -272,24 +271,11 @@ PYBIND11_MODULE(_C, m) {
     });
   });
   // pinstage.builders.write_cache_indices's call of the op's kernel, without torch's dispatcher: the
-  // builder has checked its tensors' types and made the four columns; a prefix entry is checked here.
+  // builder has checked its tensors' types and made the four columns; the kernel checks the rest.
   m.def("write_cache_indices", [](const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
                                   py::handle prefix_tensors, const at::Tensor& prefix_lens, const at::Tensor& seq_lens,
                                   const at::Tensor& out_cache_loc, const at::Tensor& extend_lens) {
     translate_errors([&] {
-      // What torch's dispatcher settles before an op's kernel runs: a fake or wrapper tensor (no
-      // memory of its own) and a negative view (its values are the negatives of its bytes).
-      auto check_memory = [](const at::Tensor& t, const std::string& what) {
-        TORCH_CHECK_TYPE(has_real_memory(t), "write_cache_indices: ", what,
-                         " has no memory of its own (a tensor subclass wrapping others, a fake or zero tensor)");
-        TORCH_CHECK_VALUE(!t.is_neg(), "write_cache_indices: ", what, " is a negative view; pass .resolve_neg()");
-      };
-      for (const auto& [t, what] :
-           {std::pair{&req_to_token, "req_to_token"}, std::pair{&out_cache_loc, "out_cache_loc"},
-            std::pair{&req_pool_indices, "req_pool_indices"}, std::pair{&prefix_lens, "prefix_lens"},
-            std::pair{&seq_lens, "seq_lens"}, std::pair{&extend_lens, "extend_lens"}}) {
-        check_memory(*t, what);
-      }
       const py::tuple items = py::tuple(py::reinterpret_borrow<py::object>(prefix_tensors));
       std::vector<at::Tensor> prefixes;
       prefixes.reserve(items.size());
@@ -297,8 +283,6 @@ PYBIND11_MODULE(_C, m) {
         TORCH_CHECK_TYPE(is_tensor(items[i].ptr()), "write_cache_indices: request ", i,
                          ": prefix_tensors entry must be a tensor, got ", Py_TYPE(items[i].ptr())->tp_name);
         prefixes.push_back(unpack_tensor(items[i].ptr()));
-        TORCH_CHECK_VALUE(!prefixes.back().is_neg(), "write_cache_indices: request ", i,
-                          ": prefix_tensors entry is a negative view; pass .resolve_neg()");
       }
       GilReleasedIfHeld no_gil;  // as torch releases it for an op: the kernel reads no Python object
       write_cache_indices(req_to_token, req_pool_indices, prefixes, prefix_lens, seq_lens, std::nullopt, out_cache_loc,

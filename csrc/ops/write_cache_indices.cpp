@@ -45,6 +45,15 @@ void check_req_to_token(const at::Tensor& req_to_token) {
                     ": req_to_token's rows must be contiguous (stride(1) == 1), got strides ", req_to_token.strides());
 }
 
+// A tensor the kernel reads or writes through its address: its bytes must be its values. torch's
+// dispatcher settles a fake or wrapper tensor and a negative view before the op's kernel runs; the
+// builder's direct call (bindings/module.cpp) does not go through it.
+void check_values_in_memory(const at::Tensor& t, const char* what) {
+  TORCH_CHECK_TYPE(has_real_memory(t), kOp, ": ", what,
+                   " has no memory of its own (a tensor subclass wrapping others, a fake or zero tensor)");
+  TORCH_CHECK_VALUE(!t.is_neg(), kOp, ": ", what, " is a negative view; pass .resolve_neg()");
+}
+
 void check_out_cache_loc(const at::Tensor& out_cache_loc, const at::Device& device) {
   TORCH_CHECK_TYPE(out_cache_loc.scalar_type() == at::kLong, kOp, ": out_cache_loc must be torch.int64, got ",
                    dtype_name(out_cache_loc.scalar_type()));
@@ -86,6 +95,8 @@ void check_prefix_tensor(int64_t i, const at::Tensor& t, const at::Device& devic
   TORCH_CHECK_TYPE(has_real_memory(t), kOp, ": request ", i,
                    ": prefix_tensors entry has no memory of its own (a tensor subclass wrapping others, a fake or "
                    "zero tensor); pass the tensor that holds the slots");
+  TORCH_CHECK_VALUE(!t.is_neg(), kOp, ": request ", i,
+                    ": prefix_tensors entry is a negative view; pass .resolve_neg()");
   TORCH_CHECK_VALUE(t.dim() == 1, kOp, ": request ", i, ": prefix_tensors entry must be 1-D, got shape ", t.sizes());
   TORCH_CHECK_VALUE(t.numel() <= 1 || t.stride(0) == 1, kOp, ": request ", i,
                     ": prefix_tensors entry must be contiguous, got stride ", t.stride(0));
@@ -185,6 +196,13 @@ std::pair<CacheIndexParams, PrefixTable> checked_params(
     const at::Tensor& req_to_token, const at::Tensor& req_pool_indices, at::TensorList prefix_tensors,
     const at::Tensor& prefix_lens, const at::Tensor& seq_lens, const std::optional<at::Tensor>& out_cache_offsets,
     const at::Tensor& out_cache_loc, const std::optional<at::Tensor>& extend_lens, bool cpu_too) {
+  for (const auto& [name, t] : {std::pair{"req_to_token", &req_to_token}, std::pair{"out_cache_loc", &out_cache_loc},
+                                std::pair{"req_pool_indices", &req_pool_indices},
+                                std::pair{"prefix_lens", &prefix_lens}, std::pair{"seq_lens", &seq_lens}}) {
+    check_values_in_memory(*t, name);
+  }
+  if (out_cache_offsets) check_values_in_memory(*out_cache_offsets, "out_cache_offsets");
+  if (extend_lens) check_values_in_memory(*extend_lens, "extend_lens");
   check_req_to_token(req_to_token);
   const at::Device device = req_to_token.device();
   const int64_t batch = req_pool_indices.numel();

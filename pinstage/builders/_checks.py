@@ -47,11 +47,16 @@ def is_integer_entry(value: object) -> TypeGuard[Union[int, np.integer[Any]]]:
     return is_integer_entry_type(type(value))
 
 
+def is_plain_int_list(values: object) -> bool:
+    """A list of Python ints, no bool (or int subclass) among them: read as int64 as given, or
+    refused for a value beyond int64. (numpy would make [np.uint64(5), 3] float64 and [True, 2] ints.)"""
+    return type(values) is list and set(map(type, values)) <= {int}
+
+
 def plain_int_array(values: object) -> Optional[npt.NDArray[np.int64]]:
-    """A list of Python ints (no bool among them) as an int64 array, in one pass in C; None for
-    anything else, or a value beyond int64, which the caller's walk over the entries names. (numpy
-    alone would make [np.uint64(5), 3] float64 and [True, 2] ints.)"""
-    if type(values) is not list or not set(map(type, values)) <= {int}:
+    """A plain int list (is_plain_int_list) as an int64 array, in one pass in C; None for anything
+    else, or a value beyond int64, which the caller's walk over the entries names."""
+    if not is_plain_int_list(values):
         return None
     try:
         return np.array(values, dtype=np.int64)

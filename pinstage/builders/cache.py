@@ -12,6 +12,8 @@ import torch
 import pinstage
 from pinstage import _C
 
+from ._checks import is_plain_int_list
+
 _FIELDS = ("req_pool_indices", "prefix_lens", "seq_lens", "extend_lens")
 
 # One int per request: a list, an integer numpy array or an integer CPU tensor.
@@ -63,7 +65,7 @@ def _int64_columns(columns: Sequence[IntColumn]) -> List[torch.Tensor]:
     converted together by one pinstage call; anything else (and a value beyond int64, whose error
     names the field) column by column."""
     lists = [list(c) if type(c) is list else None for c in columns]  # copies: see _int64_column
-    if all(c is not None and set(map(type, c)) <= {int} for c in lists):
+    if all(is_plain_int_list(c) for c in lists):
         try:
             return pinstage.stage_many([(c, torch.int64) for c in lists], device="cpu")
         except ValueError:
@@ -93,7 +95,7 @@ def _int64_column(name: str, column: IntColumn) -> torch.Tensor:
     else:
         # A copy: reading an entry can run Python code (an __index__) that changes the list.
         column = list(column)
-        if not set(map(type, column)) <= {int}:
+        if not is_plain_int_list(column):
             # numpy reads [True, 2] and [tensor(0.9)] as ints: each entry is looked at.
             _check_entries(name, column)
     values = np.asarray(column)

@@ -24,7 +24,7 @@ import pinstage
 from pinstage import _C
 
 from .._api import Device
-from ._checks import is_integer_entry, plain_int_array
+from ._checks import is_integer_entry, is_plain_int_list, plain_int_array
 
 
 @dataclass
@@ -44,11 +44,9 @@ def logprob_index_tensors(
     Raises ValueError naming the request when a length is < 1 or beyond int64 or a start is outside
     [0, length], TypeError when one is not an integer or a column is not a list.
     """
-    lens: object = extend_seq_lens
-    starts: object = extend_logprob_start_lens
-    if _is_int64_column(lens) and _is_int64_column(starts):  # an engine's usual call
+    if _is_int64_column(extend_seq_lens) and _is_int64_column(extend_logprob_start_lens):  # an engine's usual call
         try:
-            return _C.logprob_indices(lens, starts)
+            return _C.logprob_indices(extend_seq_lens, extend_logprob_start_lens)
         except (ValueError, RuntimeError):
             pass  # a value beyond int64 or out of range: the checked path below names the request
     lens = _column("extend_seq_lens", extend_seq_lens)
@@ -71,10 +69,10 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 def _is_int64_column(values: object) -> bool:
-    """A list of Python ints (no bool) or a 1-D signed-integer numpy array: what the compiled core
-    converts to int64 as given, or refuses (a value beyond int64)."""
+    """A plain int list or a 1-D signed-integer numpy array: what the compiled core converts to
+    int64 as given, or refuses (a value beyond int64)."""
     if type(values) is list:
-        return set(map(type, values)) <= {int}
+        return is_plain_int_list(values)
     return type(values) is np.ndarray and values.ndim == 1 and values.dtype.kind == "i"
 
 
