@@ -26,8 +26,12 @@ def build_penalty_last_token_ids(requests, copy, device):
 
 
 def build_sampling_batch(params, copy, device, enable_deterministic_sampling=False):
-    fields, batch = sampling_fields(params, enable_deterministic_sampling)
-    return batch(_stage_fields(fields, copy, device))
+    return stage_sampling_fields(*sampling_fields(params, enable_deterministic_sampling), copy, device)
+
+
+def stage_sampling_fields(fields, make_batch, copy, device):
+    """A SamplingBatch of sampling_fields' values (of a request list or of a BatchState)."""
+    return make_batch(_stage_fields(fields, copy, device))
 
 
 def build_logprob_indices(extend_seq_lens, extend_logprob_start_lens, copy, device):

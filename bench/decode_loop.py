@@ -33,9 +33,12 @@ values come from and how they reach the device (the table's legend says which pa
 "request objects" is a Python gather over the running requests each step. Prefill inputs and the
 tokens' keep indices go through the list builders of the backend's kind (blocking, pinned or
 pinstage: the pinstage backends stage the prompt lists, the logits indices and the sampling batch in
-one stage_many); the ideals replay them. Rows past the batch must hold the padding row's address: the
-per-field backends fill the three address fields there with device fills when the batch shrinks,
-StaticInputs writes every field's fill in its one copy. Each backend runs --repeats times, in an
+one stage_many); the ideals replay them. The state backends read the prefill's sampling values from
+the joining requests' own BatchState (written as they join, merged into the running one after the
+prefill, as SGLang merges a prefill batch), the request backends gather them from the objects. Rows
+past the batch must hold the padding row's address: the per-field backends fill the three address
+fields there with device fills when the batch shrinks, StaticInputs writes every field's fill in its
+one copy. Each backend runs --repeats times, in an
 order rotated between rounds; medians and min-max are reported, and the gains of one step at a time
 (numpy state over request objects, the ring over pinned tensors, one copy over one per field, and
 the ring's cost against the unguarded single copy). Every backend must generate the same tokens
@@ -322,19 +325,22 @@ class Loop:
         locations = [row * max_ctx + pos for row, pos in zip(token_rows, positions)]
         return rows, prefix_lens, extend_lens, seq_lens, starts, token_rows, positions, ids, locations
 
-    def prefill_inputs(self, new):
+    def prefill_inputs(self, new, joining):
         m = self.model
         b = self.kind.builders
         rows, prefix_lens, extend_lens, seq_lens, starts, token_rows, positions, ids, locations = self.prefill_values(
             new
         )
         lists = [(v, torch.int64) for v in (ids, token_rows, positions, locations, rows, seq_lens)]
-        lens, starts = (np.array(extend_lens), np.array(starts)) if self.state is not None else (extend_lens, starts)
-        params = [r.spec.params for r in new]
+        # The state backends read the sampling values from the joining requests' own BatchState
+        # (written once, when they joined); the others gather them from the request objects.
+        if joining is not None:
+            fields, sampling_batch = joining.sampling_fields()
+        else:
+            fields, sampling_batch = sampling_fields([r.spec.params for r in new])
         if b == "pinstage":
             # Everything the prefill reads, staged together: one ring region, one copy.
-            index_tensors = logprob_index_tensors(lens, starts)
-            fields, sampling_batch = sampling_fields(params)
+            index_tensors = logprob_index_tensors(extend_lens, starts)
             staged = pinstage.stage_many(
                 lists + [(t, torch.int64) for t in index_tensors] + [(v, dtype) for _, v, dtype in fields],
                 device=self.dev,
@@ -342,8 +348,8 @@ class Loop:
             indices, batch = LogprobIndices(*staged[6:10]), sampling_batch(staged[10:])
         else:
             staged = self.stage(lists)
-            indices = baseline.build_logprob_indices(lens, starts, b, self.dev)
-            batch = baseline.build_sampling_batch(params, b, self.dev)
+            indices = baseline.build_logprob_indices(extend_lens, starts, b, self.dev)
+            batch = baseline.stage_sampling_fields(fields, sampling_batch, b, self.dev)
         ids, rows_d, pos_d, loc_d, req_rows, seq_d = staged[:6]
         prefixes = [r.prefix_slots for r in new]
         cache_args = (m.req_to_token, rows, prefixes, prefix_lens, seq_lens, extend_lens, loc_d)
@@ -364,6 +370,13 @@ class Loop:
         kept = m.logits(m.forward(s.ids, s.rows, s.positions, s.out_cache_loc)[s.indices.pruned_row_indices])
         kept[s.indices.input_logprob_indices].log_softmax(-1)  # the input logprobs an engine would return
         return sample(kept[s.indices.sample_indices], SamplerInputs.of_batch(s.batch), s.req_rows, s.seq_lens, m.counts)
+
+    @staticmethod
+    def joining_state(new):
+        joining = BatchState(capacity=len(new))
+        for r in new:
+            joining.add(r.request)
+        return joining
 
     # ----- decode
 
@@ -469,15 +482,19 @@ class Loop:
         the GPU waited for the host."""
         self.step_prep = 0.0
         new = self.admit()
+        # The joining requests' fields, written once into their own batch state (a prefill batch,
+        # merged into the running one after it): membership bookkeeping, untimed as retire's is.
+        joining = self.joining_state(new) if new and self.state is not None else None
         prefill_staged = (
-            self.prepared(lambda: self.prefill_inputs(new), lambda: self.prefill_values(new)) if new else None
+            self.prepared(lambda: self.prefill_inputs(new, joining), lambda: self.prefill_values(new)) if new else None
         )
         for r in new:
             r.generated = 1
             r.request.output_ids.append(PENDING)  # its first token, sampled by the prefill
             self.running.append(r)
-            if self.state is not None:
-                self.state.add(r.request)
+        if joining is not None:
+            joining.append_tokens(np.full(len(new), PENDING, dtype=np.int64))
+            self.state.merge(joining)
         if len(self.running) >= self.cfg.batch_size or not self.pending_specs:
             self.filling = False
         bs = len(self.running)

@@ -69,7 +69,8 @@ def split(cfg, dev, cycles_per_us, backend):
 
     targets = [(decode_loop.Loop, name) for name in LOOP_METHODS]
     targets += [(decode_loop, name) for name in BUILDERS]
-    targets += [(batch_state.BatchState, "stage_static")]
+    # sampling_fields: the list builder (request objects) or the joining BatchState's (the state backends)
+    targets += [(batch_state.BatchState, name) for name in ("sampling_fields", "stage_static")]
     saved = [(owner, name, getattr(owner, name)) for owner, name in targets]
     try:
         for owner, name, fn in saved:

@@ -26,6 +26,7 @@ from pinstage.builders import (
     build_decode_inputs,
     build_penalty_last_token_ids,
     build_sampling_batch,
+    sampling_fields,
 )
 
 
@@ -47,6 +48,11 @@ def assert_state_matches_requests(state, requests, device="cpu"):
         got = state.sampling_batch(enable_deterministic_sampling=deterministic, device=device)
         want = build_sampling_batch(params, enable_deterministic_sampling=deterministic, device=device)
         assert_fields_equal(got, want)
+        # The same values for a caller's own stage_many (a prefill's), in the list builder's order.
+        fields, make_batch = state.sampling_fields(deterministic)
+        assert [name for name, _, _ in fields] == [name for name, _, _ in sampling_fields(params, deterministic)[0]]
+        staged = pinstage.stage_many([(values, dtype) for _, values, dtype in fields], device=device)
+        assert_fields_equal(make_batch(staged), want)
 
 
 class BatchStateMachine(RuleBasedStateMachine):

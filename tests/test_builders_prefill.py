@@ -8,7 +8,9 @@ from support import DEVICES, assert_fields_equal, random_params, run_while_strea
 
 import pinstage
 from pinstage.builders import (
+    BatchState,
     LogprobIndices,
+    Request,
     build_logprob_indices,
     build_sampling_batch,
     logprob_index_tensors,
@@ -24,8 +26,9 @@ def prefill_values(rng, bs):
     return lens, starts, ids, positions, random_params(rng, bs)
 
 
-def stage_prefill(lens, starts, ids, positions, params, **where):
-    fields, sampling_batch = sampling_fields(params)
+def stage_prefill(lens, starts, ids, positions, params, sampling_source=None, **where):
+    """sampling_source: None (the list builder's values) or a BatchState of the prefill's requests."""
+    fields, sampling_batch = sampling_fields(params) if sampling_source is None else sampling_source.sampling_fields()
     items = [(ids, torch.int64), (positions, torch.int64)]
     items += [(t, torch.int64) for t in logprob_index_tensors(lens, starts)]
     items += [(values, dtype) for _, values, dtype in fields]
@@ -47,6 +50,17 @@ def assert_equals_the_builders(staged, values, device):
 def test_one_staging_equals_the_builders(rng, device, bs):
     values = prefill_values(rng, bs)
     assert_equals_the_builders(stage_prefill(*values, device=device), values, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sampling_values_from_the_joining_requests_batch_state(rng, device):
+    """A prefill batch's own BatchState (its requests added as they join) gives the sampling values
+    the list builder gives, in the same one staging."""
+    values = prefill_values(rng, 40)
+    joining = BatchState()
+    for row, params in enumerate(values[-1]):
+        joining.add(Request([1], req_pool_idx=row, sampling_params=params))
+    assert_equals_the_builders(stage_prefill(*values, sampling_source=joining, device=device), values, device)
 
 
 @pytest.mark.cuda

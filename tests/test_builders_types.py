@@ -3,6 +3,7 @@ AttributeError). The static side (mypy as under --strict on pinstage.builders, o
 engine's, on the README's builders example, and flagging these misuses) runs once, in .ci/run: see
 tests/typecheck."""
 
+import numpy as np
 import pytest
 
 from pinstage.builders import (
@@ -13,6 +14,7 @@ from pinstage.builders import (
     build_penalty_last_token_ids,
     build_sampling_batch,
 )
+from pinstage.builders._checks import is_plain_int_list
 
 
 @pytest.mark.parametrize(
@@ -66,3 +68,15 @@ from pinstage.builders import (
 def test_misuse_raises_type_error_naming_what_was_expected(misuse, message):
     with pytest.raises(TypeError, match=message):
         misuse()
+
+
+def test_a_plain_int_list_is_a_list_of_exact_ints():
+    """The builders' fast paths hand such a list to the converter as it is; anything else (a bool,
+    an int subclass, a numpy int, a tuple) takes the path that looks at each entry."""
+
+    class Int(int):
+        pass
+
+    assert is_plain_int_list([]) and is_plain_int_list([0, -1, 2**70])  # beyond int64: the converter refuses it
+    for other in ([True], [1, Int(2)], [1, 1.0], [np.int64(1)], (1, 2), np.array([1]), None):
+        assert not is_plain_int_list(other), other

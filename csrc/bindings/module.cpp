@@ -152,11 +152,24 @@ PyMethodDef fast_method(const char* doc) {
           METH_FASTCALL | METH_KEYWORDS, doc};
 }
 
+// The builders' test of a column before they hand it to the converter: one pass in C, where
+// Python's set(map(type, values)) took about 11 us per 1024 entries. No Python code runs in the
+// loop, so the list cannot change under it.
+PyObject* is_plain_int_list(PyObject* /*module*/, PyObject* values) {
+  if (!PyList_CheckExact(values)) Py_RETURN_FALSE;
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(values); ++i) {
+    if (!PyLong_CheckExact(PyList_GET_ITEM(values, i))) Py_RETURN_FALSE;
+  }
+  Py_RETURN_TRUE;
+}
+
 PyMethodDef kFastMethods[] = {
     fast_method<4, kStageToDevice, stage_to_device_body>(kStageToDeviceDoc),
     fast_method<3, kStageMany, stage_many_body>(kStageManyDoc),
     fast_method<3, kStageInto, stage_into_body>(kStageIntoDoc),
     fast_method<4, kStaticStage, static_stage_body>(kStaticInputsStageDoc),
+    {"is_plain_int_list", &is_plain_int_list, METH_O,
+     "is_plain_int_list(values): whether values is a list of Python ints (no bool or other int subclass)."},
 };
 
 // fetch's tensors; many: fetch_many's list (an error names the item) or fetch_to_host's one tensor.

@@ -10,10 +10,11 @@ import torch
 from typing_extensions import TypeGuard  # in typing from Python 3.10; torch depends on typing_extensions
 
 import pinstage
+from pinstage import _C
 from pinstage._api import Device
 
 # (name, one value per request, dtype): a field as stage_fields stages it.
-NamedValues = Tuple[str, Sequence[Any], torch.dtype]
+NamedValues = Tuple[str, Union[Sequence[Any], npt.NDArray[Any]], torch.dtype]  # a list or a BatchState column
 
 
 # The kinds of value a field takes, as tests on a value's type: a batch check tests each distinct
@@ -50,7 +51,7 @@ def is_integer_entry(value: object) -> TypeGuard[Union[int, np.integer[Any]]]:
 def is_plain_int_list(values: object) -> bool:
     """A list of Python ints, no bool (or int subclass) among them: read as int64 as given, or
     refused for a value beyond int64. (numpy would make [np.uint64(5), 3] float64 and [True, 2] ints.)"""
-    return type(values) is list and set(map(type, values)) <= {int}
+    return _C.is_plain_int_list(values)
 
 
 def plain_int_array(values: object) -> Optional[npt.NDArray[np.int64]]:

@@ -8,7 +8,8 @@ one ring region and one copy, whatever the batch size. pinstage's ring is what m
 host memory behind those copies safe: the columns are never the copy's source, the ring is.
 """
 
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+import functools
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -18,7 +19,7 @@ import pinstage
 from pinstage import _C, StaticInputs
 from pinstage._api import Device
 
-from ._checks import is_integer_entry, plain_int_array
+from ._checks import NamedValues, is_integer_entry, plain_int_array
 from ._fields import TOKEN_FIELDS, lacks_field, penalty_row, pool_row
 from .decode import DecodeInputs
 from .protocols import BatchRequest
@@ -293,25 +294,41 @@ class BatchState:
         key = (self._version, enable_deterministic_sampling, target, on_stream)
         if self._staged is not None and self._staged[0] == key:
             return self._staged[1]
-        n, c = self._size, self._cols
-        items = [
-            (c["temperatures"][:n], torch.float32),
-            (c["top_ps"][:n], torch.float32),
-            (c["top_ks"][:n], torch.int32),
-            (c["min_ps"][:n], torch.float32),
-        ]
-        if enable_deterministic_sampling:
-            items.append((c["seeds"][:n], torch.int64))
-        need_penalties = self.need_penalties
-        if need_penalties:
-            items.append((c["penalties"][:n], torch.float32))
-        tensors = pinstage.stage_many(items, on_stream, device=target)
-        flags = (self.is_all_greedy, self.need_top_p, self.need_top_k, self.need_min_p)
-        batch = SamplingBatch.from_staged(
-            tensors, with_seeds=enable_deterministic_sampling, with_penalties=need_penalties, flags=flags
+        fields, make_batch = self.sampling_fields(enable_deterministic_sampling)
+        batch = make_batch(
+            pinstage.stage_many([(values, dtype) for _, values, dtype in fields], on_stream, device=target)
         )
         self._staged = (key, batch)
         return batch
+
+    def sampling_fields(
+        self, enable_deterministic_sampling: bool = False
+    ) -> Tuple[List[NamedValues], Callable[[Sequence[torch.Tensor]], SamplingBatch]]:
+        """The SamplingBatch's host values as builders.sampling_fields gives them for the same
+        requests ((name, column slice, dtype) fields and the function that makes the SamplingBatch
+        of their tensors, staged in that order), for a caller that stages them with other lists in
+        one stage_many: a prefill batch's own BatchState, before it merges into the running one.
+        The values were checked by add(); the flags come from the batch's counters."""
+        n, c = self._size, self._cols
+        fields: List[NamedValues] = [
+            ("temperature", c["temperatures"][:n], torch.float32),
+            ("top_p", c["top_ps"][:n], torch.float32),
+            ("top_k", c["top_ks"][:n], torch.int32),
+            ("min_p", c["min_ps"][:n], torch.float32),
+        ]
+        if enable_deterministic_sampling:
+            fields.append(("sampling_seed", c["seeds"][:n], torch.int64))
+        greedy, top_p, top_k, min_p, penalties = self._flag_counts.tolist()  # one numpy call, not five
+        need_penalties = penalties > 0
+        if need_penalties:
+            fields.append(("penalties", c["penalties"][:n], torch.float32))
+        flags = (greedy == n, top_p > 0, top_k > 0, min_p > 0)
+        return fields, functools.partial(
+            SamplingBatch.from_staged,
+            with_seeds=enable_deterministic_sampling,
+            with_penalties=need_penalties,
+            flags=flags,
+        )
 
     def stage_static(
         self,
