@@ -308,7 +308,9 @@ class BatchState:
         requests ((name, column slice, dtype) fields and the function that makes the SamplingBatch
         of their tensors, staged in that order), for a caller that stages them with other lists in
         one stage_many: a prefill batch's own BatchState, before it merges into the running one.
-        The values were checked by add(); the flags come from the batch's counters."""
+        The values were checked by add(); the flags come from the batch's counters. They are views
+        of the state's own columns, not copies (read-only views cost more than the slices in a
+        scheduler step): stage them before the state changes, and do not write them."""
         n, c = self._size, self._cols
         fields: List[NamedValues] = [
             ("temperature", c["temperatures"][:n], torch.float32),
