@@ -35,7 +35,10 @@ tokens' keep indices go through the list builders of the backend's kind (blockin
 pinstage: the pinstage backends stage the prompt lists, the logits indices and the sampling batch in
 one stage_many); the ideals replay them. The state backends read the prefill's sampling values from
 the joining requests' own BatchState (written as they join, merged into the running one after the
-prefill, as SGLang merges a prefill batch), the request backends gather them from the objects. Rows
+prefill, as SGLang merges a prefill batch), the request backends gather them from the objects. The
+state backends' membership bookkeeping (BatchState.add as requests join, filter as they leave) is
+untimed for all of them, the same-host ideal included; the request backends have none, and pay
+their gather in the timed prep. Rows
 past the batch must hold the padding row's address: the per-field backends fill the three address
 fields there with device fills when the batch shrinks, StaticInputs writes every field's fill in its
 one copy. Each backend runs --repeats times, in an

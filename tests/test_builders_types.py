@@ -77,6 +77,9 @@ def test_a_plain_int_list_is_a_list_of_exact_ints():
     class Int(int):
         pass
 
+    class List(list):
+        pass
+
     assert is_plain_int_list([]) and is_plain_int_list([0, -1, 2**70])  # beyond int64: the converter refuses it
-    for other in ([True], [1, Int(2)], [1, 1.0], [np.int64(1)], (1, 2), np.array([1]), None):
+    for other in ([True], [1, Int(2)], [1, 1.0], [np.int64(1)], List([1]), (1, 2), np.array([1]), None):
         assert not is_plain_int_list(other), other
