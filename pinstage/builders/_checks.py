@@ -48,10 +48,10 @@ def is_integer_entry(value: object) -> TypeGuard[Union[int, np.integer[Any]]]:
     return is_integer_entry_type(type(value))
 
 
-def is_plain_int_list(values: object) -> bool:
-    """A list of Python ints, no bool (or int subclass) among them: read as int64 as given, or
-    refused for a value beyond int64. (numpy would make [np.uint64(5), 3] float64 and [True, 2] ints.)"""
-    return _C.is_plain_int_list(values)
+# A list of Python ints, no bool (or int subclass) among them: read as int64 as given, or refused for
+# a value beyond int64. (numpy would make [np.uint64(5), 3] float64 and [True, 2] ints.) The compiled
+# test itself, not a Python function around it: the builders call it on every column.
+is_plain_int_list = _C.is_plain_int_list
 
 
 def plain_int_array(values: object) -> Optional[npt.NDArray[np.int64]]:

@@ -235,25 +235,31 @@ class BatchState:
 
     # ----------------------------------------------------------------------------- flags
 
+    def _flags(self) -> Tuple[bool, bool, bool, bool, bool]:
+        """(is_all_greedy, need_top_p, need_top_k, need_min_p, need_penalties), in _FLAGS' order,
+        from the counters in one numpy call."""
+        greedy, top_p, top_k, min_p, penalties = self._flag_counts.tolist()
+        return greedy == self._size, top_p > 0, top_k > 0, min_p > 0, penalties > 0
+
     @property
     def is_all_greedy(self) -> bool:
-        return bool(self._flag_counts[_GREEDY] == self._size)
+        return self._flags()[_GREEDY]
 
     @property
     def need_top_p(self) -> bool:
-        return bool(self._flag_counts[_TOP_P] > 0)
+        return self._flags()[_TOP_P]
 
     @property
     def need_top_k(self) -> bool:
-        return bool(self._flag_counts[_TOP_K] > 0)
+        return self._flags()[_TOP_K]
 
     @property
     def need_min_p(self) -> bool:
-        return bool(self._flag_counts[_MIN_P] > 0)
+        return self._flags()[_MIN_P]
 
     @property
     def need_penalties(self) -> bool:
-        return bool(self._flag_counts[_PENALTIES] > 0)
+        return self._flags()[_PENALTIES]
 
     # ----------------------------------------------------------------------------- per step
 
@@ -320,11 +326,9 @@ class BatchState:
         ]
         if enable_deterministic_sampling:
             fields.append(("sampling_seed", c["seeds"][:n], torch.int64))
-        greedy, top_p, top_k, min_p, penalties = self._flag_counts.tolist()  # one numpy call, not five
-        need_penalties = penalties > 0
+        *flags, need_penalties = self._flags()
         if need_penalties:
             fields.append(("penalties", c["penalties"][:n], torch.float32))
-        flags = (greedy == n, top_p > 0, top_k > 0, min_p > 0)
         return fields, functools.partial(
             SamplingBatch.from_staged,
             with_seeds=enable_deterministic_sampling,

@@ -71,9 +71,7 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 def _is_int64_column(values: object) -> bool:
     """A plain int list or a 1-D signed-integer numpy array: what the compiled core converts to
     int64 as given, or refuses (a value beyond int64)."""
-    if type(values) is list:
-        return is_plain_int_list(values)
-    return type(values) is np.ndarray and values.ndim == 1 and values.dtype.kind == "i"
+    return is_plain_int_list(values) or (type(values) is np.ndarray and values.ndim == 1 and values.dtype.kind == "i")
 
 
 def _column(name: str, values: object) -> npt.NDArray[Any]:
