@@ -96,6 +96,29 @@ def test_cache_builder_does_not_wait_for_a_busy_stream(rng):
     assert torch.equal(batch["req_to_token"].cpu(), expected)
 
 
+@pytest.mark.cuda
+def test_the_ring_region_the_kernel_reads_is_not_handed_out_before_it_runs(rng):
+    """The kernel reads its per-request values from their ring region when it runs, behind a busy
+    stream: stagings made meanwhile must get other memory. Their values (rows beyond every table)
+    would make the kernel skip each request it read them for, leaving its row unwritten."""
+    import pinstage
+
+    batches = [random_batch(rng, 16, "cuda") for _ in range(8)]
+    expected = [reference(batch) for batch in batches]
+    beyond = list(range(1 << 40, (1 << 40) + 1024))
+
+    def calls():
+        for batch in batches:
+            run(batch)
+            pinstage.stage_to_device(beyond, torch.int64)
+
+    _, still_busy = run_while_stream_busy(calls)
+    assert still_busy, "the calls returned only after the busy stream finished"
+    torch.cuda.synchronize()
+    for i, (batch, want) in enumerate(zip(batches, expected)):
+        assert torch.equal(batch["req_to_token"].cpu(), want), f"batch {i}"
+
+
 def corrupt(batch, field, value, index=2):
     if field == "out_cache_loc":
         batch[field] = value
@@ -353,8 +376,8 @@ def test_a_prefix_tensor_without_memory_of_its_own_is_refused_on_the_host(device
 
 @pytest.mark.cuda
 def test_cuda_op_takes_cpu_values_and_device_values_alike(rng):
-    """The CUDA op copies CPU per-request values with its prefix table (one copy), or reads device
-    ones where they are: both write the reference rows. A prefix_lens beyond a prefix tensor's
+    """The CUDA op's kernel reads CPU per-request values with its prefix table from one ring region,
+    or device ones where they are: both write the reference rows. A prefix_lens beyond a prefix tensor's
     length is refused on the host when the values are there, and skipped by the kernel when they
     are on the device (the host cannot read them without waiting)."""
     batch = random_batch(rng, 6, "cuda")
@@ -421,8 +444,8 @@ def test_write_cache_indices_op_passes_opcheck(rng, device):
 
 @pytest.mark.cuda
 def test_cuda_op_refuses_a_capturing_stream(rng):
-    """The op copies its prefix table through the staging ring: a captured copy would read ring
-    memory reused long before the graph replays."""
+    """The op's kernel reads its prefix table from the staging ring: a captured kernel would read
+    ring memory reused long before the graph replays."""
     batch = random_batch(rng, 3, "cuda")
     stream = torch.cuda.Stream()
     graph = torch.cuda.CUDAGraph()

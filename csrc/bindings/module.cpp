@@ -1,6 +1,7 @@
 // pinstage._C: the compiled core's Python surface, the one file that uses pybind11.
 // Users import pinstage, never this module: pinstage/_api.py exports the staging functions as they
 // are (their docstrings are docs.h) and wraps the rest.
+#include <ATen/EmptyTensor.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <array>
@@ -172,6 +173,25 @@ PyMethodDef kFastMethods[] = {
      "is_plain_int_list(values): whether values is a list of Python ints (no bool or other int subclass)."},
 };
 
+// A per-request column of write_cache_indices: a tensor as it is (the op checks it), or a list of
+// Python ints converted into a CPU int64 tensor (no Python code runs in the loop, so the list cannot
+// change under it); nothing where an entry is another kind of int or beyond int64, or for anything else.
+std::optional<at::Tensor> int64_column(PyObject* column) {
+  if (is_tensor(column)) return unpack_tensor(column);
+  if (!PyList_CheckExact(column)) return std::nullopt;
+  const Py_ssize_t n = PyList_GET_SIZE(column);
+  at::Tensor out = at::detail::empty_cpu({static_cast<int64_t>(n)}, at::kLong);
+  int64_t* values = out.data_ptr<int64_t>();
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* item = PyList_GET_ITEM(column, i);
+    int overflow = 0;
+    if (!PyLong_CheckExact(item)) return std::nullopt;
+    values[i] = PyLong_AsLongLongAndOverflow(item, &overflow);
+    if (overflow != 0) return std::nullopt;
+  }
+  return out;
+}
+
 // fetch's tensors; many: fetch_many's list (an error names the item) or fetch_to_host's one tensor.
 std::vector<at::Tensor> tensors_arg(py::handle tensors, bool many) {
   // A tuple copy: checking an item runs no Python code, but the caller's list could change meanwhile
@@ -283,25 +303,34 @@ PYBIND11_MODULE(_C, m) {
                              c10::ArrayRef<int64_t>(start.const_data_ptr<int64_t>(), start.numel()));
     });
   });
-  // pinstage.builders.write_cache_indices's call of the op's kernel, without torch's dispatcher: the
-  // builder has checked its tensors' types and made the four columns; the kernel checks the rest.
-  m.def("write_cache_indices", [](const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
-                                  py::handle prefix_tensors, const at::Tensor& prefix_lens, const at::Tensor& seq_lens,
-                                  const at::Tensor& out_cache_loc, const at::Tensor& extend_lens) {
-    translate_errors([&] {
-      const py::tuple items = py::tuple(py::reinterpret_borrow<py::object>(prefix_tensors));
-      std::vector<at::Tensor> prefixes;
-      prefixes.reserve(items.size());
-      for (size_t i = 0; i < items.size(); ++i) {
-        TORCH_CHECK_TYPE(is_tensor(items[i].ptr()), "write_cache_indices: request ", i,
-                         ": prefix_tensors entry must be a tensor, got ", Py_TYPE(items[i].ptr())->tp_name);
-        prefixes.push_back(unpack_tensor(items[i].ptr()));
-      }
-      GilReleasedIfHeld no_gil;  // as torch releases it for an op: the kernel reads no Python object
-      write_cache_indices(req_to_token, req_pool_indices, prefixes, prefix_lens, seq_lens, std::nullopt, out_cache_loc,
-                          extend_lens);
-    });
-  });
+  // pinstage.builders.write_cache_indices's call of the op's kernel, without torch's dispatcher. Each
+  // per-request column is a tensor or a list of Python ints (int64_column); where a list is not,
+  // nothing is done and the call returns False, for the builder's checked path to name the entry.
+  // The kernel checks the rest.
+  m.def("write_cache_indices",
+        [](const at::Tensor& req_to_token, py::handle req_pool_indices, py::handle prefix_tensors,
+           py::handle prefix_lens, py::handle seq_lens, const at::Tensor& out_cache_loc, py::handle extend_lens) {
+          return translate_errors([&] {
+            std::optional<at::Tensor> columns[4];
+            const py::handle given[4] = {req_pool_indices, prefix_lens, seq_lens, extend_lens};
+            for (size_t c = 0; c < 4; ++c) {
+              columns[c] = int64_column(given[c].ptr());
+              if (!columns[c]) return false;
+            }
+            const py::tuple items = py::tuple(py::reinterpret_borrow<py::object>(prefix_tensors));
+            std::vector<at::Tensor> prefixes;
+            prefixes.reserve(items.size());
+            for (size_t i = 0; i < items.size(); ++i) {
+              TORCH_CHECK_TYPE(is_tensor(items[i].ptr()), "write_cache_indices: request ", i,
+                               ": prefix_tensors entry must be a tensor, got ", Py_TYPE(items[i].ptr())->tp_name);
+              prefixes.push_back(unpack_tensor(items[i].ptr()));
+            }
+            GilReleasedIfHeld no_gil;  // as torch releases it for an op: the kernel reads no Python object
+            write_cache_indices(req_to_token, *columns[0], prefixes, *columns[1], *columns[2], std::nullopt,
+                                out_cache_loc, columns[3]);
+            return true;
+          });
+        });
   // many: which public function the call serves (fetch_many or fetch_to_host), for its messages.
   m.def("fetch", [](py::handle tensors, py::handle stream, bool many) {
     return translate_errors([&] {

@@ -1,10 +1,9 @@
 // write_cache_indices as a torch custom op: one kernel for CPU and CUDA, and a no-op for fake
 // tensors (it only writes into req_to_token). The per-request tensors are on req_to_token's device;
-// for the CUDA op they may also be CPU tensors, checked on the host and copied with the prefix
-// table in the op's one copy.
+// for the CUDA op they may also be CPU tensors, checked on the host and read by the kernel from one
+// ring region with the prefix table.
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
@@ -16,6 +15,7 @@
 #include <vector>
 
 #ifdef PINSTAGE_WITH_CUDA
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -314,15 +314,16 @@ void write_on_cpu(const CacheIndexParams& p, const PrefixTable& table) {
 #ifdef PINSTAGE_WITH_CUDA
 // Device values stay on the device (reading them would make the host wait): the kernel reads them
 // on the stream and skips rows out of bounds. The prefix table, and the per-request values of CPU
-// tensors (the op's copies where it checked them, else each tensor read once by this copy), go to
-// the device in ONE copy through the staging ring.
+// tensors (the op's copies where it checked them, else each tensor read once here), are written
+// into one ring region that the kernel reads in place (pinned memory is mapped under unified
+// addressing): no copy and no device scratch, and the region is sealed behind the kernel.
 void write_on_cuda(CacheIndexParams& p, const PrefixTable& table, const HostValues* checked,
                    const at::Tensor& req_to_token, const at::Tensor& req_pool_indices, const at::Tensor& prefix_lens,
                    const at::Tensor& seq_lens, const std::optional<at::Tensor>& out_cache_offsets) {
   if (p.batch == 0) return;
   const c10::cuda::CUDAGuard guard(req_to_token.device());
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(req_to_token.device().index());
-  // A captured copy would read ring memory reused long before the graph replays.
+  // A captured kernel would read ring memory reused long before the graph replays.
   check_not_capturing(stream, kOp);
   // Where each array comes from, and where the kernel reads it.
   const size_t column_bytes = static_cast<size_t>(p.batch) * sizeof(int64_t);
@@ -348,25 +349,24 @@ void write_on_cuda(CacheIndexParams& p, const PrefixTable& table, const HostValu
     if (c.host == nullptr && c.device->is_cpu()) c.host = c.device->const_data_ptr();
     if (c.host != nullptr) total += slot;
   }
-  const at::Tensor staged =
-      at::empty({static_cast<int64_t>(total)}, at::TensorOptions().dtype(at::kByte).device(req_to_token.device()));
-  auto write = [&](uint8_t* region) -> size_t {
-    size_t offset = 0;
-    for (Column& c : columns) {
-      if (c.host == nullptr) {
-        *c.param = c.device->const_data_ptr<int64_t>();
-        continue;
-      }
-      std::memcpy(region + offset, c.host, column_bytes);
-      *c.param = reinterpret_cast<const int64_t*>(staged.const_data_ptr<uint8_t>() + offset);
-      offset += slot;
+  StagingRing& ring = ring_for(req_to_token.device().index(), Direction::kToDevice);
+  LeaseGuard lease(ring, total);
+  size_t offset = 0;
+  for (Column& c : columns) {
+    if (c.host == nullptr) {
+      *c.param = c.device->const_data_ptr<int64_t>();
+      continue;
     }
-    return 0;
-  };
-  copy_through_ring(req_to_token.device().index(), total, stream.stream(), write,
-                    [&]() -> void* { return staged.mutable_data_ptr(); });
+    std::memcpy(lease.data() + offset, c.host, column_bytes);
+    *c.param = reinterpret_cast<const int64_t*>(lease.data() + offset);
+    offset += slot;
+  }
   p.prefix_pointers = reinterpret_cast<const uint64_t*>(pointers_param);
-  launch_write_cache_indices(p, stream.stream());
+  const int launched = launch_write_cache_indices(p, stream.stream());
+  // Sealed behind the kernel whether or not it was launched (a failed launch reads nothing).
+  lease.commit(stream.stream());
+  C10_CUDA_CHECK(static_cast<cudaError_t>(launched));
+  ring.counters().record(total, 0, 0);
 }
 #endif
 

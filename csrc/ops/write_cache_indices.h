@@ -42,7 +42,8 @@ void write_cache_indices(const at::Tensor& req_to_token, const at::Tensor& req_p
 
 #ifdef PINSTAGE_WITH_CUDA
 // One block per request on `stream` (a cudaStream_t); rows whose values are out of bounds are skipped.
-void launch_write_cache_indices(const CacheIndexParams& p, void* stream);
+// Returns the launch's cudaError_t: the caller seals the ring region the kernel reads before checking it.
+int launch_write_cache_indices(const CacheIndexParams& p, void* stream);
 #endif
 
 }  // namespace pinstage

@@ -1,5 +1,4 @@
 // The CUDA half of write_cache_indices: one block per request, its threads striding over the row.
-#include <c10/cuda/CUDAException.h>
 #include <cuda_runtime_api.h>
 
 #include "ops/write_cache_indices.h"
@@ -33,11 +32,11 @@ __global__ void write_cache_indices_kernel(const CacheIndexParams p) {
 
 }  // namespace
 
-void launch_write_cache_indices(const CacheIndexParams& p, void* stream) {
-  if (p.batch == 0) return;
+int launch_write_cache_indices(const CacheIndexParams& p, void* stream) {
+  if (p.batch == 0) return static_cast<int>(cudaSuccess);
   write_cache_indices_kernel<<<static_cast<unsigned int>(p.batch), kThreadsPerRequest, 0,
                                static_cast<cudaStream_t>(stream)>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return static_cast<int>(cudaGetLastError());
 }
 
 }  // namespace pinstage
