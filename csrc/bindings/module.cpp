@@ -15,6 +15,7 @@
 #include "bindings/fast_args.h"
 #include "convert/buffer_source.h"
 #include "convert/item_plan.h"
+#include "convert/scalar_store.h"
 #include "copy/fetch.h"
 #include "copy/target.h"
 #include "ops/logprob_indices.h"
@@ -184,10 +185,9 @@ std::optional<at::Tensor> int64_column(PyObject* column) {
   int64_t* values = out.data_ptr<int64_t>();
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* item = PyList_GET_ITEM(column, i);
-    int overflow = 0;
-    if (!PyLong_CheckExact(item)) return std::nullopt;
-    values[i] = PyLong_AsLongLongAndOverflow(item, &overflow);
-    if (overflow != 0) return std::nullopt;
+    long long value = 0;
+    if (!PyLong_CheckExact(item) || !exact_int_value(item, &value)) return std::nullopt;
+    values[i] = value;
   }
   return out;
 }
