@@ -440,43 +440,25 @@ def test_write_cache_indices_leaves_other_prefix_dtypes_to_sglang(sg, device, mo
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_write_cache_indices_leaves_large_batches_to_sglangs_triton_kernel(sg, device, monkeypatch):
-    """From SGLANG_FROM requests on, SGLang's own function writes the table where it would run its
-    Triton kernel (pinstage's op measured no faster there); below, or where SGLang would loop over
-    the requests, pinstage's op. The table is the same either way."""
+def test_write_cache_indices_is_pinstages_at_every_batch_size(sg, device):
+    """pinstage's op writes the table for small and large batches alike (it no longer hands large
+    ones to SGLang's Triton kernel): the rows equal the out_cache_loc slots, and SGLang's own
+    function is never called."""
     from bench.engines import sglang_stubs
     from pinstage.integrations import _sglang_cache
 
-    monkeypatch.setattr(_sglang_cache, "SGLANG_FROM", 4)
     world = sglang_stubs.SchedulerWorld(sg, device)
     table_write = type(world.pool).write
-
-    def args(batch):
+    for batch in (1, 3, 300):  # 300: past the 256 from which pinstage used to hand batches to SGLang
+        called = []
+        write = _sglang_cache.make_write_cache_indices(lambda *a: called.append(a), table_write)
         out_cache_loc = world.allocator.alloc(2 * batch)
         rows = torch.arange(1, batch + 1)
         prefix_lens, extend_lens = torch.zeros(batch, dtype=torch.int64), torch.full((batch,), 2)
-        out = [out_cache_loc, rows.to(device), rows, prefix_lens.to(device), prefix_lens]
-        out += [extend_lens.to(device), extend_lens, extend_lens.to(device), extend_lens]
-        return out + [[sg.allocation._EMPTY_PREFIX] * batch, world.pool], out_cache_loc
-
-    for uses_triton in (True, False):
-        for batch, to_sglang in ((3, False), (4, uses_triton), (6, uses_triton)):
-            called = []
-            write = _sglang_cache.make_write_cache_indices(
-                lambda *a: called.append(a), table_write, lambda: uses_triton
-            )
-            world.pool.req_to_token.zero_()
-            call_args, loc = args(batch)
-            write(*call_args)
-            assert bool(called) == to_sglang, (uses_triton, batch)
-            if not to_sglang:
-                got = world.pool.req_to_token[1 : batch + 1, :2].cpu()
-                assert torch.equal(got, loc.view(batch, 2).to(got.dtype).cpu()), (uses_triton, batch)
-    # Installed by enable(), the replacement asks SGLang's own support_triton(attention_backends()):
-    # whichever way it answers here, the table is SGLang's.
-    with pinstage_sglang.enabled():
+        args = [out_cache_loc, rows.to(device), rows, prefix_lens.to(device), prefix_lens]
+        args += [extend_lens.to(device), extend_lens, extend_lens.to(device), extend_lens]
         world.pool.req_to_token.zero_()
-        call_args, loc = args(6)
-        sg.allocation.write_cache_indices(*call_args)
-    got = world.pool.req_to_token[1:7, :2].cpu()
-    assert torch.equal(got, loc.view(6, 2).to(got.dtype).cpu())
+        write(*args, [sg.allocation._EMPTY_PREFIX] * batch, world.pool)
+        assert not called, batch
+        got = world.pool.req_to_token[1 : batch + 1, :2].cpu()
+        assert torch.equal(got, out_cache_loc.view(batch, 2).to(got.dtype).cpu()), batch

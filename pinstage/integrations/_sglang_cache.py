@@ -3,25 +3,19 @@
 SGLang stages the prefix tensors' data pointers (pinned tensor, one copy) for a Triton kernel, or,
 where Triton is not used, writes each row with several .item() reads per request. pinstage's
 write_cache_indices plans the batch from the host copies SGLang already passes in (one C++ pass),
-stages everything in one copy and fills the same req_to_token entries with one kernel, on the CPU
-and on CUDA alike. A pool that writes its table its own way (a subclass overriding `write`), or
-tensors of other dtypes than SGLang's usual ones, go to SGLang's function. So do batches of
-SGLANG_FROM requests or more where SGLang uses its Triton kernel: there pinstage's op measured no
-faster than SGLang's on the H200 (1.03x and 1.14x at 256 and 1024 requests at f655362, 0.92x and 1.04x
-at eb0aac5; bench/results/h200/sglang_host.json in git history; docs/integrations.md).
+writes everything into one ring region and fills the same req_to_token entries with one kernel
+that reads it in place, on the CPU and on CUDA alike, at every batch size. A pool that writes its
+table its own way (a subclass overriding `write`), or tensors of other dtypes than SGLang's usual
+ones, go to SGLang's function.
 """
 
 import torch
 
 from pinstage.builders import write_cache_indices as pinstage_write_cache_indices
 
-SGLANG_FROM = 256  # requests per call from which SGLang's own function is the faster or as fast
 
-
-def make_write_cache_indices(sglang_write_cache_indices, table_write, sglang_uses_triton):
-    """The function to install; `table_write` is ReqToTokenPool.write, the plain table store;
-    `sglang_uses_triton()` says whether SGLang's function would run its Triton kernel (else it loops
-    over the requests with .item() reads, which pinstage's op beats at every size)."""
+def make_write_cache_indices(sglang_write_cache_indices, table_write):
+    """The function to install; `table_write` is ReqToTokenPool.write, the plain table store."""
 
     def write_cache_indices(*args, **kwargs):
         def sglang_own():
@@ -37,7 +31,6 @@ def make_write_cache_indices(sglang_write_cache_indices, table_write, sglang_use
             type(req_to_token_pool).write is not table_write
             or table.dtype != torch.int32
             or out_cache_loc.dtype != torch.int64
-            or (len(req_pool_indices_cpu) >= SGLANG_FROM and sglang_uses_triton())
         ):
             return sglang_own()
         # The requests without a cached prefix share SGLang's one empty CPU tensor, which the op

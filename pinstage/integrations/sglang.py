@@ -113,10 +113,6 @@ def _replacements():
 
     allocation = importlib.import_module(_ALLOCATION)
     table_write = importlib.import_module(_POOL).ReqToTokenPool.write
-
-    def sglang_uses_triton():  # the test SGLang's write_cache_indices makes
-        return allocation.support_triton(allocation.attention_backends()[0])
-
-    replacement = make_write_cache_indices(allocation.write_cache_indices, table_write, sglang_uses_triton)
+    replacement = make_write_cache_indices(allocation.write_cache_indices, table_write)
     out.append((allocation, "write_cache_indices", replacement))
     return out
