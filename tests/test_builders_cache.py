@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 import torch
+from gpu_busy import assert_still_busy, busy
 from support import BATCH_SIZES, DEVICES, run_while_stream_busy
 from tensor_kinds import WrapperTensor
 
@@ -97,24 +98,29 @@ def test_cache_builder_does_not_wait_for_a_busy_stream(rng):
 
 
 @pytest.mark.cuda
-def test_the_ring_region_the_kernel_reads_is_not_handed_out_before_it_runs(rng):
+@pytest.mark.parametrize("on_full", ["overflow", "wait"])
+def test_the_ring_region_the_kernel_reads_is_not_handed_out_before_it_runs(rng, cuda_ring, on_full):
     """The kernel reads its per-request values from their ring region when it runs, behind a busy
-    stream: stagings made meanwhile must get other memory. Their values (rows beyond every table)
-    would make the kernel skip each request it read them for, leaving its row unwritten."""
+    stream. Through a ring too small for the calls (it overflows or waits), stagings made meanwhile
+    must not get that region: their values (rows beyond every table) would make the kernel skip
+    each request it read them for, leaving its row unwritten."""
     import pinstage
 
+    pinstage.configure(ring_bytes=16 << 10, on_full=on_full)
     batches = [random_batch(rng, 16, "cuda") for _ in range(8)]
     expected = [reference(batch) for batch in batches]
-    beyond = list(range(1 << 40, (1 << 40) + 1024))
-
-    def calls():
-        for batch in batches:
-            run(batch)
-            pinstage.stage_to_device(beyond, torch.int64)
-
-    _, still_busy = run_while_stream_busy(calls)
-    assert still_busy, "the calls returned only after the busy stream finished"
+    beyond = list(range(1 << 40, (1 << 40) + 1024))  # 8 KiB: two calls' stagings fill the ring
     torch.cuda.synchronize()
+    before = pinstage.stats()
+    done = busy(200 if on_full == "overflow" else 20)
+    for batch in batches:
+        run(batch)
+        pinstage.stage_to_device(beyond, torch.int64)
+    if on_full == "overflow":
+        assert_still_busy(done, "the calls were queued")
+    torch.cuda.synchronize()
+    full = "overflows" if on_full == "overflow" else "waits"
+    assert pinstage.stats()[full] > before[full], "the ring held every call: nothing was reused"
     for i, (batch, want) in enumerate(zip(batches, expected)):
         assert torch.equal(batch["req_to_token"].cpu(), want), f"batch {i}"
 
@@ -404,6 +410,25 @@ def test_cuda_op_takes_cpu_values_and_device_values_alike(rng):
     torch.cuda.synchronize()
     skipped = [row for row, p in zip(batch["req_pool_indices"], batch["prefix_lens"]) if p > 0]
     assert skipped and (batch["req_to_token"][skipped] == SENTINEL).all()
+
+
+@pytest.mark.parametrize("entry", [True, np.int64(2), 2**63, -(2**63) - 1])
+def test_the_compiled_call_takes_lists_of_python_ints_and_leaves_the_rest_to_the_builder(entry):
+    """The builder's compiled call converts lists of Python ints itself. A list holding anything
+    else (a bool, a numpy int, an int beyond int64) makes it return False having written nothing,
+    for the builder's checked path to name; a column that is neither a list nor a tensor is refused."""
+    from pinstage import _C
+
+    table = torch.full((2, 4), SENTINEL, dtype=torch.int32)
+    out_cache_loc = torch.tensor([9, 8], dtype=torch.int64)
+    prefixes = [torch.empty(0, dtype=torch.int64)]
+    assert not _C.write_cache_indices(table, [0], prefixes, [0], [2], out_cache_loc, [entry])
+    assert (table == SENTINEL).all()
+    with pytest.raises(TypeError, match="req_pool_indices must be a list or a tensor here, got tuple"):
+        _C.write_cache_indices(table, (0,), prefixes, [0], [2], out_cache_loc, [2])
+    assert (table == SENTINEL).all()
+    assert _C.write_cache_indices(table, [0], prefixes, [0], [2], out_cache_loc, [2])
+    assert table[0].tolist() == [9, 8, SENTINEL, SENTINEL]
 
 
 def test_an_index_method_that_mutates_the_other_lists_reads_a_snapshot():

@@ -176,10 +176,12 @@ PyMethodDef kFastMethods[] = {
 
 // A per-request column of write_cache_indices: a tensor as it is (the op checks it), or a list of
 // Python ints converted into a CPU int64 tensor (no Python code runs in the loop, so the list cannot
-// change under it); nothing where an entry is another kind of int or beyond int64, or for anything else.
-std::optional<at::Tensor> int64_column(PyObject* column) {
+// change under it); nothing where an entry is another kind of int or beyond int64. Anything else is
+// refused: the builder converts such columns into tensors first.
+std::optional<at::Tensor> int64_column(PyObject* column, const char* name) {
   if (is_tensor(column)) return unpack_tensor(column);
-  if (!PyList_CheckExact(column)) return std::nullopt;
+  TORCH_CHECK_TYPE(PyList_CheckExact(column), "write_cache_indices: ", name, " must be a list or a tensor here, got ",
+                   Py_TYPE(column)->tp_name);
   const Py_ssize_t n = PyList_GET_SIZE(column);
   at::Tensor out = at::detail::empty_cpu({static_cast<int64_t>(n)}, at::kLong);
   int64_t* values = out.data_ptr<int64_t>();
@@ -304,17 +306,18 @@ PYBIND11_MODULE(_C, m) {
     });
   });
   // pinstage.builders.write_cache_indices's call of the op's kernel, without torch's dispatcher. Each
-  // per-request column is a tensor or a list of Python ints (int64_column); where a list is not,
-  // nothing is done and the call returns False, for the builder's checked path to name the entry.
-  // The kernel checks the rest.
+  // per-request column is a tensor or a list (int64_column); where a list holds anything but Python
+  // ints that int64 holds, nothing is done and the call returns False, for the builder's checked
+  // path to name the entry. The kernel checks the rest.
   m.def("write_cache_indices",
         [](const at::Tensor& req_to_token, py::handle req_pool_indices, py::handle prefix_tensors,
            py::handle prefix_lens, py::handle seq_lens, const at::Tensor& out_cache_loc, py::handle extend_lens) {
           return translate_errors([&] {
             std::optional<at::Tensor> columns[4];
             const py::handle given[4] = {req_pool_indices, prefix_lens, seq_lens, extend_lens};
+            const char* names[4] = {"req_pool_indices", "prefix_lens", "seq_lens", "extend_lens"};
             for (size_t c = 0; c < 4; ++c) {
-              columns[c] = int64_column(given[c].ptr());
+              columns[c] = int64_column(given[c].ptr(), names[c]);
               if (!columns[c]) return false;
             }
             const py::tuple items = py::tuple(py::reinterpret_borrow<py::object>(prefix_tensors));

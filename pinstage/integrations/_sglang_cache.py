@@ -2,11 +2,11 @@
 
 SGLang stages the prefix tensors' data pointers (pinned tensor, one copy) for a Triton kernel, or,
 where Triton is not used, writes each row with several .item() reads per request. pinstage's
-write_cache_indices plans the batch from the host copies SGLang already passes in (one C++ pass),
-writes everything into one ring region and fills the same req_to_token entries with one kernel
-that reads it in place, on the CPU and on CUDA alike, at every batch size. A pool that writes its
-table its own way (a subclass overriding `write`), or tensors of other dtypes than SGLang's usual
-ones, go to SGLang's function.
+write_cache_indices plans the batch from the host copies SGLang already passes in (one C++ pass)
+and fills the same req_to_token entries with one kernel, which on CUDA reads those values and the
+prefix table from one ring region in place (on the CPU it is a loop), at every batch size. A pool
+that writes its table its own way (a subclass overriding `write`), or tensors of other dtypes than
+SGLang's usual ones, go to SGLang's function.
 """
 
 import torch
