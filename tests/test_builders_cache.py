@@ -416,7 +416,8 @@ def test_cuda_op_takes_cpu_values_and_device_values_alike(rng):
 def test_the_compiled_call_takes_lists_of_python_ints_and_leaves_the_rest_to_the_builder(entry):
     """The builder's compiled call converts lists of Python ints itself. A list holding anything
     else (a bool, a numpy int, an int beyond int64) makes it return False having written nothing,
-    for the builder's checked path to name; a column that is neither a list nor a tensor is refused."""
+    for the builder's checked path to name; a column that is neither a list nor a tensor, or lists
+    mixed with tensors, is refused."""
     from pinstage import _C
 
     table = torch.full((2, 4), SENTINEL, dtype=torch.int32)
@@ -426,6 +427,8 @@ def test_the_compiled_call_takes_lists_of_python_ints_and_leaves_the_rest_to_the
     assert (table == SENTINEL).all()
     with pytest.raises(TypeError, match="req_pool_indices must be a list or a tensor here, got tuple"):
         _C.write_cache_indices(table, (0,), prefixes, [0], [2], out_cache_loc, [2])
+    with pytest.raises(TypeError, match="columns must be all lists or all tensors here; seq_lens is Tensor"):
+        _C.write_cache_indices(table, [0], prefixes, [0], torch.tensor([2]), out_cache_loc, [2])
     assert (table == SENTINEL).all()
     assert _C.write_cache_indices(table, [0], prefixes, [0], [2], out_cache_loc, [2])
     assert table[0].tolist() == [9, 8, SENTINEL, SENTINEL]

@@ -1,7 +1,6 @@
 // pinstage._C: the compiled core's Python surface, the one file that uses pybind11.
 // Users import pinstage, never this module: pinstage/_api.py exports the staging functions as they
 // are (their docstrings are docs.h) and wraps the rest.
-#include <ATen/EmptyTensor.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <array>
@@ -174,24 +173,19 @@ PyMethodDef kFastMethods[] = {
      "is_plain_int_list(values): whether values is a list of Python ints (no bool or other int subclass)."},
 };
 
-// A per-request column of write_cache_indices: a tensor as it is (the op checks it), or a list of
-// Python ints converted into a CPU int64 tensor (no Python code runs in the loop, so the list cannot
-// change under it); nothing where an entry is another kind of int or beyond int64. Anything else is
-// refused: the builder converts such columns into tensors first.
-std::optional<at::Tensor> int64_column(PyObject* column, const char* name) {
-  if (is_tensor(column)) return unpack_tensor(column);
-  TORCH_CHECK_TYPE(PyList_CheckExact(column), "write_cache_indices: ", name, " must be a list or a tensor here, got ",
-                   Py_TYPE(column)->tp_name);
+// A per-request column of write_cache_indices given as a list: its Python ints, read with no Python
+// code running (so the list cannot change meanwhile); nothing where an entry is another kind of int
+// or beyond int64.
+std::optional<std::vector<int64_t>> int64_list(PyObject* column) {
   const Py_ssize_t n = PyList_GET_SIZE(column);
-  at::Tensor out = at::detail::empty_cpu({static_cast<int64_t>(n)}, at::kLong);
-  int64_t* values = out.data_ptr<int64_t>();
+  std::vector<int64_t> values(static_cast<size_t>(n));
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* item = PyList_GET_ITEM(column, i);
     long long value = 0;
     if (!PyLong_CheckExact(item) || !exact_int_value(item, &value)) return std::nullopt;
-    values[i] = value;
+    values[static_cast<size_t>(i)] = value;
   }
-  return out;
+  return values;
 }
 
 // fetch's tensors; many: fetch_many's list (an error names the item) or fetch_to_host's one tensor.
@@ -305,35 +299,55 @@ PYBIND11_MODULE(_C, m) {
                              c10::ArrayRef<int64_t>(start.const_data_ptr<int64_t>(), start.numel()));
     });
   });
-  // pinstage.builders.write_cache_indices's call of the op's kernel, without torch's dispatcher. Each
-  // per-request column is a tensor or a list (int64_column); where a list holds anything but Python
-  // ints that int64 holds, nothing is done and the call returns False, for the builder's checked
-  // path to name the entry. The kernel checks the rest.
-  m.def("write_cache_indices",
-        [](const at::Tensor& req_to_token, py::handle req_pool_indices, py::handle prefix_tensors,
-           py::handle prefix_lens, py::handle seq_lens, const at::Tensor& out_cache_loc, py::handle extend_lens) {
-          return translate_errors([&] {
-            std::optional<at::Tensor> columns[4];
-            const py::handle given[4] = {req_pool_indices, prefix_lens, seq_lens, extend_lens};
-            const char* names[4] = {"req_pool_indices", "prefix_lens", "seq_lens", "extend_lens"};
-            for (size_t c = 0; c < 4; ++c) {
-              columns[c] = int64_column(given[c].ptr(), names[c]);
-              if (!columns[c]) return false;
-            }
-            const py::tuple items = py::tuple(py::reinterpret_borrow<py::object>(prefix_tensors));
-            std::vector<at::Tensor> prefixes;
-            prefixes.reserve(items.size());
-            for (size_t i = 0; i < items.size(); ++i) {
-              TORCH_CHECK_TYPE(is_tensor(items[i].ptr()), "write_cache_indices: request ", i,
-                               ": prefix_tensors entry must be a tensor, got ", Py_TYPE(items[i].ptr())->tp_name);
-              prefixes.push_back(unpack_tensor(items[i].ptr()));
-            }
-            GilReleasedIfHeld no_gil;  // as torch releases it for an op: the kernel reads no Python object
-            write_cache_indices(req_to_token, *columns[0], prefixes, *columns[1], *columns[2], std::nullopt,
-                                out_cache_loc, columns[3]);
-            return true;
-          });
-        });
+  // pinstage.builders.write_cache_indices's call of the op's kernel, without torch's dispatcher. The
+  // four per-request columns are all lists or all tensors. Lists are converted straight into the
+  // op's own memory (int64_list); where one holds anything but Python ints that int64 holds, nothing
+  // is done and the call returns False, for the builder's checked path to name the entry, which
+  // passes tensors. The op checks the rest.
+  m.def("write_cache_indices", [](const at::Tensor& req_to_token, py::handle req_pool_indices,
+                                  py::handle prefix_tensors, py::handle prefix_lens, py::handle seq_lens,
+                                  const at::Tensor& out_cache_loc, py::handle extend_lens) {
+    return translate_errors([&] {
+      const std::array<py::handle, 4> given = {req_pool_indices, prefix_lens, seq_lens, extend_lens};
+      const std::array<const char*, 4> names = {"req_pool_indices", "prefix_lens", "seq_lens", "extend_lens"};
+      const bool lists = PyList_CheckExact(given[0].ptr());
+      for (size_t c = 0; c < 4; ++c) {
+        const bool list = PyList_CheckExact(given[c].ptr());
+        TORCH_CHECK_TYPE(list || is_tensor(given[c].ptr()), "write_cache_indices: ", names[c],
+                         " must be a list or a tensor here, got ", Py_TYPE(given[c].ptr())->tp_name);
+        TORCH_CHECK_TYPE(list == lists,
+                         "write_cache_indices: the per-request columns must be all lists or all tensors here; ",
+                         names[c], " is ", Py_TYPE(given[c].ptr())->tp_name);
+      }
+      RequestValues values;
+      if (lists) {
+        std::vector<int64_t>* into[4] = {&values.rows, &values.prefix_lens, &values.seq_lens, &values.extend_lens};
+        for (size_t c = 0; c < 4; ++c) {
+          std::optional<std::vector<int64_t>> column = int64_list(given[c].ptr());
+          if (!column) return false;
+          *into[c] = std::move(*column);
+        }
+      }
+      const py::tuple items = py::tuple(py::reinterpret_borrow<py::object>(prefix_tensors));
+      std::vector<at::Tensor> prefixes;
+      prefixes.reserve(items.size());
+      for (size_t i = 0; i < items.size(); ++i) {
+        TORCH_CHECK_TYPE(is_tensor(items[i].ptr()), "write_cache_indices: request ", i,
+                         ": prefix_tensors entry must be a tensor, got ", Py_TYPE(items[i].ptr())->tp_name);
+        prefixes.push_back(unpack_tensor(items[i].ptr()));
+      }
+      std::array<at::Tensor, 4> tensors;
+      for (size_t c = 0; c < 4 && !lists; ++c) tensors[c] = unpack_tensor(given[c].ptr());
+      GilReleasedIfHeld no_gil;  // as torch releases it for an op: the kernel reads no Python object
+      if (lists) {
+        write_cache_indices_of_lists(req_to_token, prefixes, out_cache_loc, std::move(values));
+      } else {
+        write_cache_indices(req_to_token, tensors[0], prefixes, tensors[1], tensors[2], std::nullopt, out_cache_loc,
+                            tensors[3]);
+      }
+      return true;
+    });
+  });
   // many: which public function the call serves (fetch_many or fetch_to_host), for its messages.
   m.def("fetch", [](py::handle tensors, py::handle stream, bool many) {
     return translate_errors([&] {

@@ -7,6 +7,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
@@ -189,28 +190,39 @@ PrefixTable prefix_table(at::TensorList prefix_tensors, int64_t batch, const at:
   return table;
 }
 
-// Checks every argument's dtype, shape, device and memory (per-request tensors may be on the CPU
-// for the CUDA op, `cpu_too`), fills what does not depend on where the per-request values are, and
-// takes the prefix table.
-std::pair<CacheIndexParams, PrefixTable> checked_params(
-    const at::Tensor& req_to_token, const at::Tensor& req_pool_indices, at::TensorList prefix_tensors,
-    const at::Tensor& prefix_lens, const at::Tensor& seq_lens, const std::optional<at::Tensor>& out_cache_offsets,
-    const at::Tensor& out_cache_loc, const std::optional<at::Tensor>& extend_lens, bool cpu_too) {
-  for (const auto& [name, t] : {std::pair{"req_to_token", &req_to_token}, std::pair{"out_cache_loc", &out_cache_loc},
-                                std::pair{"req_pool_indices", &req_pool_indices},
-                                std::pair{"prefix_lens", &prefix_lens}, std::pair{"seq_lens", &seq_lens}}) {
-    check_values_in_memory(*t, name);
-  }
-  if (out_cache_offsets) check_values_in_memory(*out_cache_offsets, "out_cache_offsets");
-  if (extend_lens) check_values_in_memory(*extend_lens, "extend_lens");
+// What both entries check and fill: req_to_token (the output) and out_cache_loc, and the number of
+// requests.
+CacheIndexParams checked_target(const at::Tensor& req_to_token, const at::Tensor& out_cache_loc, int64_t batch) {
+  check_values_in_memory(req_to_token, "req_to_token");
+  check_values_in_memory(out_cache_loc, "out_cache_loc");
   check_req_to_token(req_to_token);
-  const at::Device device = req_to_token.device();
-  const int64_t batch = req_pool_indices.numel();
   TORCH_CHECK_VALUE(batch <= INT32_MAX, kOp, ": at most 2**31 - 1 requests per call, got ", batch);
-  const at::Tensor* offsets = out_cache_offsets ? &*out_cache_offsets : nullptr;
-  const at::Tensor* extend = extend_lens ? &*extend_lens : nullptr;
-  const std::pair<const char*, const at::Tensor*> per_request[] = {
-      {"prefix_lens", &prefix_lens}, {"seq_lens", &seq_lens}, {"extend_lens", extend}, {"out_cache_offsets", offsets}};
+  check_out_cache_loc(out_cache_loc, req_to_token.device());
+  CacheIndexParams p{};
+  p.req_to_token = req_to_token.data_ptr<int32_t>();
+  p.row_stride = req_to_token.stride(0);
+  p.rows = req_to_token.size(0);
+  p.max_context_len = req_to_token.size(1);
+  p.batch = batch;
+  p.out_cache_loc = out_cache_loc.const_data_ptr<int64_t>();
+  p.out_cache_len = out_cache_loc.numel();
+  return p;
+}
+
+// The op's per-request tensors: dtype, shape, device (the CPU too for the CUDA op, `cpu_too`) and
+// memory, and that out_cache_offsets is given unless the values are on the host.
+void check_request_tensors(const at::Tensor& req_pool_indices, const at::Tensor& prefix_lens,
+                           const at::Tensor& seq_lens, const at::Tensor* offsets, const at::Tensor* extend,
+                           const at::Device& device, bool cpu_too) {
+  const int64_t batch = req_pool_indices.numel();
+  const std::pair<const char*, const at::Tensor*> per_request[] = {{"req_pool_indices", &req_pool_indices},
+                                                                   {"prefix_lens", &prefix_lens},
+                                                                   {"seq_lens", &seq_lens},
+                                                                   {"extend_lens", extend},
+                                                                   {"out_cache_offsets", offsets}};
+  for (const auto& [name, t] : per_request) {
+    if (t != nullptr) check_values_in_memory(*t, name);
+  }
   for (const auto& [name, t] : per_request) {
     TORCH_CHECK_VALUE(t == nullptr || t->numel() == batch, kOp, ": ", name, " has ", t ? t->numel() : 0,
                       " entries but req_pool_indices has ", batch);
@@ -226,32 +238,7 @@ std::pair<CacheIndexParams, PrefixTable> checked_params(
                       ": out_cache_offsets may be None only when the per-request values are CPU tensors (the "
                       "offsets are then computed from them on the host)");
   }
-  check_out_cache_loc(out_cache_loc, device);
-  PrefixTable table = prefix_table(prefix_tensors, batch, device);
-  check_no_overlap(req_to_token, prefix_tensors,
-                   {{"req_pool_indices", &req_pool_indices},
-                    {"prefix_lens", &prefix_lens},
-                    {"seq_lens", &seq_lens},
-                    {"out_cache_offsets", offsets},
-                    {"extend_lens", extend},
-                    {"out_cache_loc", &out_cache_loc}});
-  CacheIndexParams p{};
-  p.req_to_token = req_to_token.data_ptr<int32_t>();
-  p.row_stride = req_to_token.stride(0);
-  p.rows = req_to_token.size(0);
-  p.max_context_len = req_to_token.size(1);
-  p.batch = batch;
-  p.out_cache_loc = out_cache_loc.const_data_ptr<int64_t>();
-  p.out_cache_len = out_cache_loc.numel();
-  return {p, std::move(table)};
 }
-
-// The per-request values of CPU tensors, each read once into memory of the op's own before anything
-// is checked or written: another thread writing the caller's tensors while the op runs (the GIL is
-// released) cannot make a checked value differ from the one used.
-struct HostValues {
-  std::vector<int64_t> rows, prefix_lens, seq_lens, offsets, extend_lens;
-};
 
 std::vector<int64_t> copy_of(const at::Tensor* t) {
   std::vector<int64_t> out(t != nullptr ? static_cast<size_t>(t->numel()) : 0);
@@ -263,7 +250,7 @@ std::vector<int64_t> copy_of(const at::Tensor* t) {
 // req_to_token untouched), extend_lens (where given) against seq_lens - prefix_lens, and where no
 // out_cache_offsets were given, the offsets computed (each request's new tokens follow the previous
 // one's). Points p at the copies, which must outlive it.
-void check_on_host(CacheIndexParams& p, const PrefixTable& table, HostValues& v, bool given) {
+void check_on_host(CacheIndexParams& p, const PrefixTable& table, RequestValues& v, bool given) {
   if (!given) v.offsets.resize(static_cast<size_t>(p.batch));
   int64_t running = 0;
   for (size_t i = 0; i < static_cast<size_t>(p.batch); ++i) {
@@ -313,13 +300,13 @@ void write_on_cpu(const CacheIndexParams& p, const PrefixTable& table) {
 
 #ifdef PINSTAGE_WITH_CUDA
 // Device values stay on the device (reading them would make the host wait): the kernel reads them
-// on the stream and skips rows out of bounds. The prefix table, and the per-request values of CPU
-// tensors (the op's copies where it checked them, else each tensor read once here), are written
+// on the stream and skips rows out of bounds. The prefix table, and the per-request values on the
+// host (the op's checked copies, else a CPU tensor among device ones, read once here), are written
 // into one ring region that the kernel reads in place (pinned memory is mapped under unified
 // addressing): no copy and no device scratch, and the region is sealed behind the kernel.
-void write_on_cuda(CacheIndexParams& p, const PrefixTable& table, const HostValues* checked,
-                   const at::Tensor& req_to_token, const at::Tensor& req_pool_indices, const at::Tensor& prefix_lens,
-                   const at::Tensor& seq_lens, const std::optional<at::Tensor>& out_cache_offsets) {
+// `tensors`: rows, prefix_lens, seq_lens and offsets as tensors, read only where `checked` is null.
+void write_on_cuda(CacheIndexParams& p, const PrefixTable& table, const RequestValues* checked,
+                   const at::Tensor& req_to_token, std::array<const at::Tensor*, 4> tensors) {
   if (p.batch == 0) return;
   const c10::cuda::CUDAGuard guard(req_to_token.device());
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(req_to_token.device().index());
@@ -337,12 +324,11 @@ void write_on_cuda(CacheIndexParams& p, const PrefixTable& table, const HostValu
   Column columns[] = {
       {table.pointers.data(), nullptr, &pointers_param},
       {table.numels.data(), nullptr, &p.prefix_numels},
-      {checked ? checked->rows.data() : nullptr, &req_pool_indices, &p.req_pool_indices},
-      {checked ? checked->prefix_lens.data() : nullptr, &prefix_lens, &p.prefix_lens},
-      {checked ? checked->seq_lens.data() : nullptr, &seq_lens, &p.seq_lens},
+      {checked ? checked->rows.data() : nullptr, tensors[0], &p.req_pool_indices},
+      {checked ? checked->prefix_lens.data() : nullptr, tensors[1], &p.prefix_lens},
+      {checked ? checked->seq_lens.data() : nullptr, tensors[2], &p.seq_lens},
       // Checked on the host: the offsets given or computed.
-      {checked ? checked->offsets.data() : nullptr, out_cache_offsets ? &*out_cache_offsets : nullptr,
-       &p.out_cache_offsets},
+      {checked ? checked->offsets.data() : nullptr, tensors[3], &p.out_cache_offsets},
   };
   size_t total = 0;
   for (Column& c : columns) {
@@ -370,6 +356,19 @@ void write_on_cuda(CacheIndexParams& p, const PrefixTable& table, const HostValu
 }
 #endif
 
+// Values on the host: every request checked before anything is written, then the loop or the kernel.
+void write_checked(CacheIndexParams& p, const PrefixTable& table, RequestValues& values, bool offsets_given,
+                   const at::Tensor& req_to_token) {
+  check_on_host(p, table, values, offsets_given);
+  if (!req_to_token.is_cuda()) {
+    write_on_cpu(p, table);
+    return;
+  }
+#ifdef PINSTAGE_WITH_CUDA
+  write_on_cuda(p, table, &values, req_to_token, {});
+#endif
+}
+
 }  // namespace
 
 // The op's CPU and CUDA kernel: one set of checks, then the loop or the kernel for req_to_token's
@@ -379,29 +378,50 @@ void write_cache_indices(const at::Tensor& req_to_token, const at::Tensor& req_p
                          at::TensorList prefix_tensors, const at::Tensor& prefix_lens, const at::Tensor& seq_lens,
                          const std::optional<at::Tensor>& out_cache_offsets, const at::Tensor& out_cache_loc,
                          const std::optional<at::Tensor>& extend_lens) {
-  const bool on_cuda = req_to_token.is_cuda();
-  auto [p, table] = checked_params(req_to_token, req_pool_indices, prefix_tensors, prefix_lens, seq_lens,
-                                   out_cache_offsets, out_cache_loc, extend_lens, /*cpu_too=*/on_cuda);
-  const bool host_values = req_pool_indices.is_cpu() && prefix_lens.is_cpu() && seq_lens.is_cpu() &&
-                           (!out_cache_offsets || out_cache_offsets->is_cpu());
-  TORCH_CHECK_VALUE(host_values || !extend_lens, kOp,
-                    ": extend_lens is checked on the host: pass it with the "
-                    "per-request values on the CPU");
-  HostValues values;
+  const at::Tensor* offsets = out_cache_offsets ? &*out_cache_offsets : nullptr;
+  const at::Tensor* extend = extend_lens ? &*extend_lens : nullptr;
+  check_request_tensors(req_pool_indices, prefix_lens, seq_lens, offsets, extend, req_to_token.device(),
+                        /*cpu_too=*/req_to_token.is_cuda());
+  CacheIndexParams p = checked_target(req_to_token, out_cache_loc, req_pool_indices.numel());
+  const PrefixTable table = prefix_table(prefix_tensors, p.batch, req_to_token.device());
+  check_no_overlap(req_to_token, prefix_tensors,
+                   {{"req_pool_indices", &req_pool_indices},
+                    {"prefix_lens", &prefix_lens},
+                    {"seq_lens", &seq_lens},
+                    {"out_cache_offsets", offsets},
+                    {"extend_lens", extend},
+                    {"out_cache_loc", &out_cache_loc}});
+  const bool host_values =
+      req_pool_indices.is_cpu() && prefix_lens.is_cpu() && seq_lens.is_cpu() && (!offsets || offsets->is_cpu());
   if (host_values) {
-    values = {copy_of(&req_pool_indices), copy_of(&prefix_lens), copy_of(&seq_lens),
-              copy_of(out_cache_offsets ? &*out_cache_offsets : nullptr),
-              copy_of(extend_lens ? &*extend_lens : nullptr)};
-    check_on_host(p, table, values, /*given=*/out_cache_offsets.has_value());
-  }
-  if (!on_cuda) {
-    write_on_cpu(p, table);
+    RequestValues values{copy_of(&req_pool_indices), copy_of(&prefix_lens), copy_of(&seq_lens), copy_of(offsets),
+                         copy_of(extend)};
+    write_checked(p, table, values, offsets != nullptr, req_to_token);
     return;
   }
+  TORCH_CHECK_VALUE(!extend, kOp,
+                    ": extend_lens is checked on the host: pass it with the per-request values on the CPU");
 #ifdef PINSTAGE_WITH_CUDA
-  write_on_cuda(p, table, host_values ? &values : nullptr, req_to_token, req_pool_indices, prefix_lens, seq_lens,
-                out_cache_offsets);
+  // Device values exist only for a CUDA req_to_token (check_request_tensors).
+  write_on_cuda(p, table, nullptr, req_to_token, {&req_pool_indices, &prefix_lens, &seq_lens, offsets});
 #endif
+}
+
+void write_cache_indices_of_lists(const at::Tensor& req_to_token, at::TensorList prefix_tensors,
+                                  const at::Tensor& out_cache_loc, RequestValues values) {
+  const int64_t batch = static_cast<int64_t>(values.rows.size());
+  const std::pair<const char*, size_t> per_request[] = {{"prefix_lens", values.prefix_lens.size()},
+                                                        {"seq_lens", values.seq_lens.size()},
+                                                        {"extend_lens", values.extend_lens.size()}};
+  for (const auto& [name, size] : per_request) {
+    TORCH_CHECK_VALUE(static_cast<int64_t>(size) == batch, kOp, ": ", name, " has ", size,
+                      " entries but req_pool_indices has ", batch);
+  }
+  TORCH_CHECK_VALUE(values.offsets.empty(), kOp, ": the offsets are computed from the lists");
+  CacheIndexParams p = checked_target(req_to_token, out_cache_loc, batch);
+  const PrefixTable table = prefix_table(prefix_tensors, batch, req_to_token.device());
+  check_no_overlap(req_to_token, prefix_tensors, {{"out_cache_loc", &out_cache_loc}});
+  write_checked(p, table, values, /*offsets_given=*/false, req_to_token);
 }
 
 namespace {

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 namespace pinstage {
 
@@ -32,6 +33,13 @@ struct CacheIndexParams {
   int64_t out_cache_len;
 };
 
+// One value per request, in memory of the op's own (read once from the caller's columns, so that another
+// thread cannot change a value between its check and its use). offsets: empty, or out_cache_offsets;
+// extend_lens: empty, or one per request (checked against seq_lens - prefix_lens).
+struct RequestValues {
+  std::vector<int64_t> rows, prefix_lens, seq_lens, offsets, extend_lens;
+};
+
 // The op torch.ops.pinstage.write_cache_indices runs (library.cpp has its schema), also called
 // directly by pinstage.builders.write_cache_indices (bindings/module.cpp): the same checks and
 // kernel without torch's dispatcher. Sets its own device guard and uses the current stream.
@@ -39,6 +47,11 @@ void write_cache_indices(const at::Tensor& req_to_token, const at::Tensor& req_p
                          at::TensorList prefix_tensors, const at::Tensor& prefix_lens, const at::Tensor& seq_lens,
                          const std::optional<at::Tensor>& out_cache_offsets, const at::Tensor& out_cache_loc,
                          const std::optional<at::Tensor>& extend_lens);
+
+// pinstage.builders.write_cache_indices's entry for columns given as lists (bindings/module.cpp
+// converts them into `values`, no offsets): the op's checks and kernel, without per-request tensors.
+void write_cache_indices_of_lists(const at::Tensor& req_to_token, at::TensorList prefix_tensors,
+                                  const at::Tensor& out_cache_loc, RequestValues values);
 
 #ifdef PINSTAGE_WITH_CUDA
 // One block per request on `stream` (a cudaStream_t); rows whose values are out of bounds are skipped.

@@ -319,7 +319,7 @@ class BatchState:
         scheduler step): stage them before the state changes, and do not write them."""
         n, c = self._size, self._cols
         fields: List[NamedValues] = [
-            ("temperature", c["temperatures"][:n], torch.float32),
+            ("temperature", c["temperatures"][:n, None], torch.float32),  # [n, 1], as SamplingBatch holds it
             ("top_p", c["top_ps"][:n], torch.float32),
             ("top_k", c["top_ks"][:n], torch.int32),
             ("min_p", c["min_ps"][:n], torch.float32),

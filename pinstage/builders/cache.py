@@ -2,7 +2,6 @@
 write_cache_indices does before a prefill: the cached prefix's slots at [0, prefix_len), the newly
 allocated slots (its slice of out_cache_loc) at [prefix_len, seq_len)."""
 
-import contextlib
 from typing import Any, Iterable, Optional, Sequence, Union
 
 import numpy as np
@@ -48,23 +47,28 @@ def write_cache_indices(
         # By type, not isinstance: an object whose __class__ claims torch.Tensor would be read as one.
         if not issubclass(type(t), torch.Tensor):
             raise TypeError(f"write_cache_indices: {name} must be a tensor, got {type(t).__name__}")
+    if stream is not None:  # the op runs on the current stream
+        with torch.cuda.stream(stream):
+            return write_cache_indices(
+                req_to_token, req_pool_indices, prefix_tensors, prefix_lens, seq_lens, extend_lens, out_cache_loc
+            )
     # The op's kernel, called without torch's dispatcher (a scheduler step pays for each layer of
     # code a call runs: docs/design.md): it checks the values on the host (extend_lens against the
     # lengths too), computes each request's offset in out_cache_loc and launches one kernel. Lists
-    # of Python ints, an engine's usual columns, are converted by that call itself; it returns False,
-    # having done nothing, where an entry is another kind of int or beyond int64.
+    # of Python ints, an engine's usual columns, are converted by that call itself into the op's own
+    # memory; it returns False, having done nothing, where an entry is another kind of int or beyond
+    # int64, and the checked path below hands it CPU tensors.
     plain = type(req_pool_indices) is type(prefix_lens) is type(seq_lens) is type(extend_lens) is list
-    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-        if plain and _C.write_cache_indices(
-            req_to_token, req_pool_indices, prefix_tensors, prefix_lens, seq_lens, out_cache_loc, extend_lens
-        ):
-            return
-        # A copy taken before the ints are read: reading one can run Python code (an __index__)
-        # that changes the list.
-        prefix_tensors = list(prefix_tensors)
-        columns = (req_pool_indices, prefix_lens, seq_lens, extend_lens)
-        rows, prefixes, lengths, extends = [_int64_column(name, c) for name, c in zip(_FIELDS, columns)]
-        _C.write_cache_indices(req_to_token, rows, prefix_tensors, prefixes, lengths, out_cache_loc, extends)
+    if plain and _C.write_cache_indices(
+        req_to_token, req_pool_indices, prefix_tensors, prefix_lens, seq_lens, out_cache_loc, extend_lens
+    ):
+        return
+    # A copy taken before the ints are read: reading one can run Python code (an __index__) that
+    # changes the list.
+    prefix_tensors = list(prefix_tensors)
+    columns = (req_pool_indices, prefix_lens, seq_lens, extend_lens)
+    rows, prefixes, lengths, extends = [_int64_column(name, c) for name, c in zip(_FIELDS, columns)]
+    _C.write_cache_indices(req_to_token, rows, prefix_tensors, prefixes, lengths, out_cache_loc, extends)
 
 
 def _int64_column(name: str, column: IntColumn) -> torch.Tensor:

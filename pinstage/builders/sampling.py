@@ -35,15 +35,18 @@ class SamplingBatch:
     def from_staged(
         cls, tensors: Sequence[torch.Tensor], *, with_seeds: bool, with_penalties: bool, flags: Sequence[Any]
     ) -> "SamplingBatch":
-        """tensors as staged in this order: temperatures, top_ps, top_ks, min_ps, then seeds and
-        penalties when present; flags: (is_all_greedy, need_top_p, need_top_k, need_min_p)."""
+        """tensors as staged in this order: temperatures ([bs] or [bs, 1]), top_ps, top_ks, min_ps,
+        then seeds and penalties ([bs, 3]) when present; flags: (is_all_greedy, need_top_p,
+        need_top_k, need_min_p). A view only where a shape differs: each is a dispatcher call,
+        which costs microseconds in a scheduler step."""
+        temperatures = tensors[0]
         return cls(
-            temperatures=tensors[0].view(-1, 1),
+            temperatures=temperatures if temperatures.dim() == 2 else temperatures.view(-1, 1),
             top_ps=tensors[1],
             top_ks=tensors[2],
             min_ps=tensors[3],
             seeds=tensors[4] if with_seeds else None,
-            penalties=tensors[-1].view(-1, 3) if with_penalties else None,
+            penalties=tensors[-1] if with_penalties else None,
             is_all_greedy=bool(flags[0]),
             need_top_p=bool(flags[1]),
             need_top_k=bool(flags[2]),
