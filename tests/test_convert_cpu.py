@@ -208,6 +208,18 @@ def test_int_edges(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_ints_at_the_one_digit_boundary(dtype):
+    # Ints below 2^30 in magnitude are read from their one digit in line; the rest by CPython's
+    # conversion. Fresh objects (not the cached small ints), zeros made by arithmetic included.
+    big = int("1" * 40)
+    values = [0, 1, -1, 2**30 - 1, -(2**30 - 1), 2**30, -(2**30), 2**30 + 1, 2**60, -(2**60), big - big]
+    fresh = [int(str(v)) for v in values] + [v * 1 for v in values] + [big - big, -(big - big)]
+    check(fresh, dtype)
+    for v in fresh:
+        check([7, v, 7], dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_negative_ints(dtype):
     for v in [-1, -2, -100, -127, -128, -129, -255, -256, -257, -32768, -65535, -65536, -(2**31), -(2**32)]:
         check([v], dtype)
