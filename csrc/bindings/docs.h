@@ -1,4 +1,5 @@
-// The docstrings of the staging functions that pinstage exports as they are (pinstage/_api.py).
+// The docstrings of the staging and fetch functions that pinstage exports as they are (pinstage/_api.py)
+// and of the fetch handle.
 // Each begins with the signature that inspect.signature reads (CPython's __text_signature__).
 #pragma once
 
@@ -47,5 +48,48 @@ inline constexpr const char* kStaticInputsStageDoc = R"doc(_static_inputs_stage(
 --
 
 StaticInputs.stage's core: see pinstage.StaticInputs.stage.)doc";
+
+inline constexpr const char* kFetchToHostDoc = R"doc(fetch_to_host(tensor, stream=None)
+--
+
+Copies a device tensor into pinned ring memory on `stream` (default: its device's current
+stream) and returns at once with a FetchHandle. The copy waits for nothing but work already
+queued on that stream; the source tensor may be freed right after the call.
+A CPU tensor gives a handle over a copy of it, ready at once. Conjugate and negative views
+come back resolved; a quantized tensor, or one without memory of its own (a tensor subclass
+wrapping others, a fake or zero tensor, a nested tensor), raises TypeError.)doc";
+
+inline constexpr const char* kFetchManyDoc = R"doc(fetch_many(tensors, stream=None)
+--
+
+fetch_to_host for several tensors of one device: one ring region, one fence, one copy per
+tensor; handle.tensors() gives them in order.)doc";
+
+inline constexpr const char* kFetchHandleDoc =
+    R"doc(A device-to-host copy into pinned ring memory, returned at once by fetch_to_host/fetch_many.
+
+ready() says whether the copy has completed (never waits); wait() waits for this copy only;
+tensor()/tensors(), numpy() and tolist() give the values (waiting first if needed). The memory is
+reused only when the copy has completed and the handle has been released (release(), the end of
+a `with` block, or garbage collection) and no tensor or array from it is alive: a value read from
+a handle is never overwritten underneath the reader. Copy out (`.clone()`) what you keep long,
+so that the ring can reuse its memory. A handle may be shared by threads: release() while
+another thread waits lets that wait finish (or raise RuntimeError if it had not begun).)doc";
+
+inline constexpr const char* kFetchReadyDoc = "Whether the copy has completed; never waits.";
+inline constexpr const char* kFetchWaitDoc =
+    "Waits (GIL released) for this fetch's copy and returns the handle; raises inside pinstage.testing.no_sync().";
+inline constexpr const char* kFetchTensorsDoc = "CPU tensors over the fetched memory, one per fetched tensor.";
+inline constexpr const char* kFetchTensorDoc = "The CPU tensor of a single fetch (fetch_to_host).";
+inline constexpr const char* kFetchNumpyDoc =
+    R"doc(The fetched values as numpy arrays over the pinned memory (no copy), waiting for the copy
+first if it has not completed: one array for fetch_to_host, a list of them for fetch_many.
+The ring keeps the memory while an array is alive; `.copy()` what you keep long.)doc";
+inline constexpr const char* kFetchTolistDoc =
+    R"doc(The fetched values as (nested) Python lists, waiting for the copy first if it has not
+completed: one list for fetch_to_host, a list of them for fetch_many. The lists are copies:
+nothing holds the ring's memory afterwards.)doc";
+inline constexpr const char* kFetchReleaseDoc =
+    "Lets the ring reuse the memory once the copy has completed (tensors from it keep it).";
 
 }  // namespace pinstage

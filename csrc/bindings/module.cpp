@@ -164,11 +164,59 @@ PyObject* is_plain_int_list(PyObject* /*module*/, PyObject* values) {
   Py_RETURN_TRUE;
 }
 
+// fetch_many's tensors: a tuple copy (checking an item runs no Python code, but the caller's list
+// could change meanwhile in another thread); an error names the item.
+std::vector<at::Tensor> fetch_many_tensors(PyObject* tensors) {
+  THPObjectPtr items(checked(PySequence_Tuple(tensors)));
+  std::vector<at::Tensor> out;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(items.get()); ++i) {
+    PyObject* item = PyTuple_GET_ITEM(items.get(), i);
+    TORCH_CHECK_TYPE(is_tensor(item), "pinstage.fetch_many: item ", i, " must be a torch.Tensor, got ",
+                     Py_TYPE(item)->tp_name);
+    out.push_back(unpack_tensor(item));
+  }
+  return out;
+}
+
+PyObject* wrap_fetch(std::shared_ptr<FetchHandle> handle) { return py::cast(std::move(handle)).release().ptr(); }
+
+constexpr FastSignature<2> kFetchToHost{"fetch_to_host", {"tensor", "stream"}, 1, 2};
+PyObject* fetch_to_host_body(const std::array<PyObject*, 2>& a) {
+  TORCH_CHECK_TYPE(is_tensor(a[0]), "pinstage.fetch_to_host: tensor must be a torch.Tensor, got ",
+                   Py_TYPE(a[0])->tp_name);
+  return wrap_fetch(FetchHandle::start({unpack_tensor(a[0])}, a[1], /*many=*/false));
+}
+
+constexpr FastSignature<2> kFetchMany{"fetch_many", {"tensors", "stream"}, 1, 2};
+PyObject* fetch_many_body(const std::array<PyObject*, 2>& a) {
+  return wrap_fetch(FetchHandle::start(fetch_many_tensors(a[0]), a[1], /*many=*/true));
+}
+
+// The handle's CPU tensors, waiting (GIL released) for its copy first when it has not completed.
+std::vector<at::Tensor> fetched_tensors(FetchHandle& h) {
+  if (!h.ready()) {
+    py::gil_scoped_release no_gil;
+    h.wait();
+  }
+  return h.tensors();
+}
+
+// A handle's values, each as `read` makes it of its CPU tensor (numpy(), tolist()); one for
+// fetch_to_host's handle, a list for fetch_many's.
+py::object read_fetched(FetchHandle& h, const char* read) {
+  std::vector<at::Tensor> tensors = fetched_tensors(h);
+  py::list values;
+  for (const at::Tensor& t : tensors) values.append(py::cast(t).attr(read)());
+  return h.many() ? py::object(values) : values[0];
+}
+
 PyMethodDef kFastMethods[] = {
     fast_method<4, kStageToDevice, stage_to_device_body>(kStageToDeviceDoc),
     fast_method<3, kStageMany, stage_many_body>(kStageManyDoc),
     fast_method<3, kStageInto, stage_into_body>(kStageIntoDoc),
     fast_method<4, kStaticStage, static_stage_body>(kStaticInputsStageDoc),
+    fast_method<2, kFetchToHost, fetch_to_host_body>(kFetchToHostDoc),
+    fast_method<2, kFetchMany, fetch_many_body>(kFetchManyDoc),
     {"is_plain_int_list", &is_plain_int_list, METH_O,
      "is_plain_int_list(values): whether values is a list of Python ints (no bool or other int subclass)."},
 };
@@ -186,20 +234,6 @@ std::optional<std::vector<int64_t>> int64_list(PyObject* column) {
     values[static_cast<size_t>(i)] = value;
   }
   return values;
-}
-
-// fetch's tensors; many: fetch_many's list (an error names the item) or fetch_to_host's one tensor.
-std::vector<at::Tensor> tensors_arg(py::handle tensors, bool many) {
-  // A tuple copy: checking an item runs no Python code, but the caller's list could change meanwhile
-  // in another thread.
-  py::tuple items = py::tuple(py::reinterpret_borrow<py::object>(tensors));
-  std::vector<at::Tensor> out;
-  for (size_t i = 0; i < items.size(); ++i) {
-    TORCH_CHECK_TYPE(is_tensor(items[i].ptr()), "pinstage.", many ? "fetch_many: item " : "fetch_to_host: tensor",
-                     many ? std::to_string(i) : "", " must be a torch.Tensor, got ", Py_TYPE(items[i].ptr())->tp_name);
-    out.push_back(unpack_tensor(items[i].ptr()));
-  }
-  return out;
 }
 
 // (name, dtype, row shape, fill as a 0-d CPU tensor, persistent) per field, as pinstage.StaticInputs
@@ -260,28 +294,49 @@ PYBIND11_MODULE(_C, m) {
     return translate_errors([&] { return resolve_target(stream.ptr(), device.ptr()).device; });
   });
 
-  py::class_<FetchHandle, std::shared_ptr<FetchHandle>>(m, "FetchHandle")
-      .def("ready", [](FetchHandle& h) { return translate_errors([&] { return h.ready(); }); })
-      .def("wait",
-           [](FetchHandle& h) {
-             translate_errors([&] {
-               py::gil_scoped_release no_gil;
-               h.wait();
-             });
-           })
-      .def("tensors",
-           [](FetchHandle& h) {
-             return translate_errors([&] {
-               if (!h.ready()) {
-                 py::gil_scoped_release no_gil;
-                 h.wait();
-               }
-               return h.tensors();
-             });
-           })
-      .def("release", &FetchHandle::release)
+  py::class_<FetchHandle, std::shared_ptr<FetchHandle>>(m, "FetchHandle", kFetchHandleDoc)
+      .def(
+          "ready", [](FetchHandle& h) { return translate_errors([&] { return h.ready(); }); }, kFetchReadyDoc)
+      .def(
+          "wait",
+          [](py::object self) {
+            translate_errors([&] {
+              FetchHandle& h = self.cast<FetchHandle&>();
+              py::gil_scoped_release no_gil;
+              h.wait();
+            });
+            return self;
+          },
+          kFetchWaitDoc)
+      .def(
+          "tensors", [](FetchHandle& h) { return translate_errors([&] { return fetched_tensors(h); }); },
+          kFetchTensorsDoc)
+      .def(
+          "tensor",
+          [](FetchHandle& h) {
+            return translate_errors([&] {
+              TORCH_CHECK_TYPE(!h.many(),
+                               "pinstage.FetchHandle.tensor: this handle holds several tensors; use tensors()");
+              return fetched_tensors(h)[0];
+            });
+          },
+          kFetchTensorDoc)
+      .def(
+          "numpy", [](FetchHandle& h) { return translate_errors([&] { return read_fetched(h, "numpy"); }); },
+          kFetchNumpyDoc)
+      .def(
+          "tolist", [](FetchHandle& h) { return translate_errors([&] { return read_fetched(h, "tolist"); }); },
+          kFetchTolistDoc)
+      .def("release", &FetchHandle::release, kFetchReleaseDoc)
       .def_property_readonly("released", &FetchHandle::released)
-      .def("__len__", &FetchHandle::count);
+      .def("__len__", &FetchHandle::count)
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](FetchHandle& h, py::args) { h.release(); })
+      .def("__repr__", [](FetchHandle& h) {
+        const char* state =
+            h.released() ? "released" : (translate_errors([&] { return h.ready(); }) ? "ready" : "in flight");
+        return "<pinstage.FetchHandle of " + std::to_string(h.count()) + " tensor(s), " + state + ">";
+      });
   // The logits processor's index tensors (pinstage/builders/logits.py): each column converted by
   // pinstage's converter into memory of the call's own, no torch op in between.
   m.def("logprob_indices", [](py::handle lens, py::handle starts) {
@@ -348,13 +403,6 @@ PYBIND11_MODULE(_C, m) {
       return true;
     });
   });
-  // many: which public function the call serves (fetch_many or fetch_to_host), for its messages.
-  m.def("fetch", [](py::handle tensors, py::handle stream, bool many) {
-    return translate_errors([&] {
-      return FetchHandle::start(tensors_arg(tensors, many), stream.ptr(), many ? "fetch_many" : "fetch_to_host");
-    });
-  });
-
   py::class_<StaticInputs>(m, "StaticInputs")
       .def(py::init([](py::handle fields, int64_t max_bs, py::handle device) {
         return translate_errors(

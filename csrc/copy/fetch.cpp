@@ -50,9 +50,10 @@ void check_fetchable(const at::Tensor& t, size_t i, const char* api) {
 
 }  // namespace
 
-std::shared_ptr<FetchHandle> FetchHandle::start(const std::vector<at::Tensor>& tensors, PyObject* stream,
-                                                const char* api) {
+std::shared_ptr<FetchHandle> FetchHandle::start(const std::vector<at::Tensor>& tensors, PyObject* stream, bool many) {
+  const char* api = many ? "fetch_many" : "fetch_to_host";
   auto handle = std::make_shared<FetchHandle>();
+  handle->many_ = many;
   TORCH_CHECK_VALUE(!tensors.empty(), "pinstage.", api, ": nothing to fetch");
   const c10::Device device = tensors[0].device();
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -80,11 +81,15 @@ std::shared_ptr<FetchHandle> FetchHandle::start(const std::vector<at::Tensor>& t
   std::vector<at::Tensor> sources;
   size_t total = 0;
   for (const at::Tensor& t : tensors) {
-    // Conjugate and negative bits are resolved, and a strided tensor made contiguous, by kernels on
-    // the copy's stream before the copy; what they allocate is allocated on that stream.
-    c10::cuda::CUDAStreamGuard stream_guard(s);
-    at::Tensor source = t.resolve_conj().resolve_neg();
-    sources.push_back(source.is_contiguous() ? source : source.contiguous());
+    if (t.is_conj() || t.is_neg() || !t.is_contiguous()) {
+      // Conjugate and negative bits are resolved, and a strided tensor made contiguous, by kernels
+      // on the copy's stream before the copy; what they allocate is allocated on that stream.
+      c10::cuda::CUDAStreamGuard stream_guard(s);
+      at::Tensor source = t.resolve_conj().resolve_neg();
+      sources.push_back(source.is_contiguous() ? source : source.contiguous());
+    } else {
+      sources.push_back(t);
+    }
     // The tensor may be freed once this call returns: its memory must not be reused by its own
     // stream before the work on `s` has read it (the copy, or the kernels above).
     c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), s);

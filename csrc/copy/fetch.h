@@ -17,8 +17,9 @@ namespace pinstage {
 class FetchHandle {
  public:
   // Copies `tensors` (any device tensors, or CPU tensors, which are copied at once) into one held
-  // region on `stream` (None: the tensors' device's current stream), one copy per tensor.
-  static std::shared_ptr<FetchHandle> start(const std::vector<at::Tensor>& tensors, PyObject* stream, const char* api);
+  // region on `stream` (None: the tensors' device's current stream), one copy per tensor. many:
+  // fetch_many's handle (else fetch_to_host's, of one tensor), for its readers and messages.
+  static std::shared_ptr<FetchHandle> start(const std::vector<at::Tensor>& tensors, PyObject* stream, bool many);
   ~FetchHandle();
 
   // Each may run while another thread releases the handle (wait() runs with the GIL released):
@@ -29,6 +30,7 @@ class FetchHandle {
   void release();                     // the handle's hold; views keep theirs
   bool released() const;
   size_t count() const { return shapes_.size(); }
+  bool many() const { return many_; }
 
   struct Region;  // a held lease; its destructor lets the ring reuse it
 
@@ -40,6 +42,7 @@ class FetchHandle {
   mutable std::mutex mu_;  // guards region_, released_ and host_
   std::shared_ptr<Region> region_;
   bool released_ = false;
+  bool many_ = false;
   std::vector<at::Tensor> host_;  // CPU inputs: the values, copied at start
   std::vector<std::vector<int64_t>> shapes_;
   std::vector<c10::ScalarType> dtypes_;
