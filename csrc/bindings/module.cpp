@@ -1,6 +1,6 @@
 // pinstage._C: the compiled core's Python surface, the one file that uses pybind11.
-// Users import pinstage, never this module: pinstage/_api.py exports the staging functions as they
-// are (their docstrings are docs.h) and wraps the rest.
+// Users import pinstage, never this module: pinstage/_api.py exports the staging and fetch functions
+// and the fetch handle as they are (their docstrings are docs.h) and wraps the rest.
 #include <torch/csrc/utils/pybind.h>
 
 #include <array>

@@ -75,31 +75,24 @@ inline bool store_bool(bool b, T* out) {
   return true;
 }
 
-// An exact int's value when it is "compact" (below 2^30 in magnitude: one digit), read in line: a
-// few instructions where the general conversion is a call of a few dozen. Token ids, lengths and
-// row numbers are all compact. `*compact` says whether the value is meaningful. CPython 3.12+ says
-// so through its unstable API; 3.11's layout is ob_size digits (sign in the size), at least one
-// allocated (its longintrepr.h: ob_digit[0] may be undefined only when ob_size is 0).
-inline int64_t compact_int_value(PyObject* o, bool* compact) {
+// The value of an exact int, false when it is beyond int64. An int below 2^30 in magnitude (one
+// digit: token ids, lengths, row numbers) is read in line, a few instructions where the general
+// conversion is a call of a few dozen: through CPython 3.12's unstable API, and on 3.11 from its
+// size (the sign with the digit count) and first digit, which 3.11's longintrepr.h always allocates.
+inline bool exact_int_value(PyObject* o, long long* v) {
 #if PY_VERSION_HEX >= 0x030C0000
   auto* l = reinterpret_cast<PyLongObject*>(o);
-  *compact = PyUnstable_Long_IsCompact(l);
-  return static_cast<int64_t>(PyUnstable_Long_CompactValue(l));
+  if (PyUnstable_Long_IsCompact(l)) {
+    *v = static_cast<long long>(PyUnstable_Long_CompactValue(l));
+    return true;
+  }
 #elif PY_VERSION_HEX >= 0x030B0000
   const Py_ssize_t size = Py_SIZE(o);
-  *compact = size >= -1 && size <= 1;
-  return static_cast<int64_t>(size) * static_cast<int64_t>(reinterpret_cast<PyLongObject*>(o)->ob_digit[0]);
-#else
-  *compact = false;
-  return 0;
+  if (size >= -1 && size <= 1) {
+    *v = static_cast<long long>(size) * static_cast<long long>(reinterpret_cast<PyLongObject*>(o)->ob_digit[0]);
+    return true;
+  }
 #endif
-}
-
-// The value of an exact int, false when it is beyond int64.
-inline bool exact_int_value(PyObject* o, long long* v) {
-  bool compact = false;
-  *v = compact_int_value(o, &compact);
-  if (compact) return true;
   int overflow = 0;
   *v = PyLong_AsLongLongAndOverflow(o, &overflow);
   return overflow == 0;
