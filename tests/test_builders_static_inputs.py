@@ -116,6 +116,35 @@ def test_views_equal_the_list_builders_row_for_row_and_the_fill_past_the_batch(r
         assert_views(inputs, reference_views(inputs, all_fields(), requests, extra), "step %d (n=%d)" % (step, target))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_steps_between_membership_changes_stage_the_columns_as_they_are_now(rng, device):
+    """stage_static reuses its column views until the membership changes: steps that only append
+    tokens must still stage the new tokens and lengths, a join past the capacity (new columns) and
+    a second StaticInputs with other fields, staged in between, must not see stale views."""
+    inputs = batch_static_inputs(16, EXTRA_FIELDS, seeds=True, penalties=True, device=device)
+    other_fields = {"input_ids": Field(torch.int64, fill=3), "seq_lens": Field(torch.int64)}
+    other = StaticInputs(other_fields, max_bs=16, device=device)
+    state, requests = BatchState(capacity=4), []
+    requests = resize(state, requests, 4, rng)
+    for step in range(6):
+        if step == 3:
+            requests = resize(state, requests, 9, rng)  # past capacity 4: the columns are new arrays
+        tokens = np.array([rng.randrange(1 << 17) for _ in requests], dtype=np.int64)
+        state.append_tokens(tokens)
+        for r, t in zip(requests, tokens.tolist()):
+            r.output_ids = r.output_ids + [t]
+        extra = extra_values(rng, len(requests), "numpy")
+        state.stage_static(inputs, extra)
+        if step >= 4:  # after steps of `inputs` alone, whose views it kept
+            state.stage_static(other)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        where = "step %d (n=%d)" % (step, len(requests))
+        assert_views(inputs, reference_views(inputs, all_fields(), requests, extra), where)
+        if step >= 4:
+            assert_views(other, reference_views(other, other_fields, requests, {}), where + ", other inputs")
+
+
 def test_stages_exactly_the_fields_a_static_inputs_declares(rng):
     """A StaticInputs declared by the caller (its own fills and row shapes, no penalties or seeds,
     no extra) takes only its own fields from the state."""

@@ -25,7 +25,7 @@ from .decode import DecodeInputs
 from .protocols import BatchRequest
 from .requests import NO_PENALTIES, check_sampling_fields
 from .sampling import DEFAULT_SAMPLING_SEED, SamplingBatch, sampling_flags
-from .static_step import static_values
+from .static_step import column_views, static_values
 
 # name -> (numpy dtype, shape of one row)
 _COLUMNS: Dict[str, Tuple[type, Tuple[int, ...]]] = {
@@ -81,6 +81,8 @@ class BatchState:
         # (and per seeds / device / stream asked for), not every step. vLLM's InputBatch does the same.
         self._version = 0
         self._staged: Optional[Tuple[Tuple[Any, ...], SamplingBatch]] = None
+        # stage_static's column views, made again only with membership (and per field names).
+        self._views: Optional[Tuple[Tuple[Any, ...], Dict[str, npt.NDArray[Any]], Tuple[str, ...]]] = None
 
     def __len__(self) -> int:
         return self._size
@@ -353,8 +355,11 @@ class BatchState:
         KeyError naming every declared field that neither gives, ValueError for an `extra` name that
         the state stages itself or that `inputs` does not declare, and StaticInputs.stage's errors;
         nothing is staged then."""
-        n = self._size
-        inputs.stage(static_values(self._cols, n, inputs.staged_names, extra), n, stream)
+        names = inputs.staged_names
+        key = (self._version, names)
+        if self._views is None or self._views[0] != key:
+            self._views = (key,) + column_views(self._cols, self._size, names)
+        inputs.stage(static_values(self._views[1], self._views[2], extra), self._size, stream)
 
     # ----------------------------------------------------------------------------- storage
 
@@ -367,6 +372,7 @@ class BatchState:
             grown = np.zeros((capacity,) + col.shape[1:], col.dtype)
             grown[: self._size] = col[: self._size]
             self._cols[name] = grown
+        self._version += 1  # new arrays: views of the old ones (stage_static's) must not be reused
 
 
 def _check_fits_column(field: str, value: int, column: str) -> None:

@@ -71,24 +71,34 @@ def batch_static_inputs(
     return StaticInputs(fields, max_bs, device)
 
 
-def static_values(
-    columns: Mapping[str, npt.NDArray[Any]], n: int, names: Tuple[str, ...], extra: Optional[Mapping[str, Any]]
-) -> Dict[str, Any]:
-    """StaticInputs.stage's values for fields `names`: the batch state's columns over its n rows for
-    the fields it has, `extra` for the rest. KeyError naming every field neither gives."""
-    values: Dict[str, Any] = {}
+def column_views(
+    columns: Mapping[str, npt.NDArray[Any]], n: int, names: Tuple[str, ...]
+) -> Tuple[Dict[str, npt.NDArray[Any]], Tuple[str, ...]]:
+    """The batch state's views over its n rows for the fields of `names` it gives, and the names it
+    does not give (they must come in extra). Views, not copies: they stay right while the columns
+    are written in place, so BatchState makes them again only when its membership changes."""
+    views: Dict[str, npt.NDArray[Any]] = {}
     for name in names:
-        if name in _SOURCES:
-            column, part = _SOURCES[name]
-            values[name] = columns[column][:n] if part is None else columns[column][:n, part]
-    values.update(_checked_extra("BatchState.stage_static", extra))  # an undeclared name: stage() names it
-    missing = [name for name in names if name not in values]
+        source = _SOURCES.get(name)
+        if source is not None:
+            column, part = source
+            views[name] = columns[column][:n] if part is None else columns[column][:n, part]
+    return views, tuple(name for name in names if name not in views)
+
+
+def static_values(
+    views: Mapping[str, npt.NDArray[Any]], needed: Tuple[str, ...], extra: Optional[Mapping[str, Any]]
+) -> Dict[str, Any]:
+    """StaticInputs.stage's values: column_views' `views` and `extra`, which must give every name in
+    `needed`. KeyError naming every field neither gives."""
+    extra = _checked_extra("BatchState.stage_static", extra)  # an undeclared name: stage() names it
+    missing = [name for name in needed if name not in extra]
     if missing:
         raise KeyError(
             f"BatchState.stage_static: no values for {', '.join(map(repr, missing))}: the batch state gives "
             f"{', '.join(_SOURCES)}; pass the others in extra"
         )
-    return values
+    return {**views, **extra}
 
 
 def _checked_extra(where: str, extra: Optional[Mapping[str, Any]]) -> Mapping[str, Any]:
