@@ -42,7 +42,8 @@ their gather in the timed prep. Rows
 past the batch must hold the padding row's address: the per-field backends fill the three address
 fields there with device fills when the batch shrinks, StaticInputs writes every field's fill in its
 one copy. Each backend runs --repeats times, in an
-order rotated between rounds; medians and min-max are reported, and the gains of one step at a time
+order rotated between rounds; medians and min-max are reported (a ratio of two backends: the median
+of the rounds' ratios, each round's pair run close together), and the gains of one step at a time
 (numpy state over request objects, the ring over pinned tensors, one copy over one per field, and
 the ring's cost against the unguarded single copy). Every backend must generate the same tokens
 (asserted; the unsafe baselines' differences are counted, as their races may show).
@@ -51,6 +52,7 @@ the ring's cost against the unguarded single copy). Every backend must generate 
 import argparse
 import dataclasses
 import os
+import statistics
 import sys
 import time
 from typing import Dict, List, NamedTuple, Optional
@@ -707,7 +709,7 @@ def checks(rows):
         backends = by.get((bs, ms), {})
         if a not in backends or b not in backends:
             return None
-        return backends[a]["tokens_per_s"] / backends[b]["tokens_per_s"]
+        return paired_ratio(backends, a, b)
 
     def add(what, r, need):
         out.append(_report.check(what, r, ">= %g" % need, None if r is None else r >= need))
@@ -745,6 +747,14 @@ def checks(rows):
     return out
 
 
+def paired_ratio(backends, a, b):
+    """Backend a's tokens/s over b's: the median of the rounds' ratios. Each round runs the two
+    close together in time (rotated, not shuffled), so a drift between rounds (the host's or the
+    GPU's clocks) cancels, as it does in of_ideal; a ratio of the medians would mix rounds."""
+    runs = zip(backends[a]["runs"], backends[b]["runs"])
+    return statistics.median(x["tokens_per_s"] / y["tokens_per_s"] for x, y in runs)
+
+
 def _fraction(s):
     """0.989 [.979-.999]: a median fraction and its range over the rounds."""
     lo, hi = s["of_ideal_range"]
@@ -770,7 +780,7 @@ def print_tables(rows):
             if a in names and b in names:
                 table.append(
                     [label]
-                    + ["%.3fx" % (r["backends"][a]["tokens_per_s"] / r["backends"][b]["tokens_per_s"]) for r in cells]
+                    + ["%.3fx" % paired_ratio(r["backends"], a, b) for r in cells]
                 )
         _report.print_table(table)
         print()

@@ -180,6 +180,16 @@ def test_rounds_rotate_the_order():
     assert len({o[0] for o in orders}) == 3  # a different backend starts each round
 
 
+def test_a_ratio_of_two_backends_pairs_their_rounds():
+    """Rounds drifting up to 20% apart, a 2% gap in two of three: the paired ratio sees that gap,
+    where a ratio of the medians would mix rounds (1.078 here)."""
+    runs = {
+        "a": {"runs": [{"tokens_per_s": v} for v in (98.0, 117.6, 107.8)]},
+        "b": {"runs": [{"tokens_per_s": v} for v in (100.0, 120.0, 98.0)]},
+    }
+    assert decode_loop.paired_ratio(runs, "a", "b") == pytest.approx(0.98)
+
+
 def test_workload_mixes_what_the_builders_must_handle():
     cfg = decode_loop.Config(batch_size=8, forward_ms=0.2)
     specs = decode_loop.make_workload(cfg, 200)
