@@ -778,10 +778,7 @@ def print_tables(rows):
         table.append(["ideal tokens/s"] + ["%.0f" % r["backends"]["ideal"]["tokens_per_s"] for r in cells])
         for label, (a, b) in GAINS.items():
             if a in names and b in names:
-                table.append(
-                    [label]
-                    + ["%.3fx" % paired_ratio(r["backends"], a, b) for r in cells]
-                )
+                table.append([label] + ["%.3fx" % paired_ratio(r["backends"], a, b) for r in cells])
         _report.print_table(table)
         print()
         print("forward %.1f ms: host prep us per step, median: decode-only steps / steps with a prefill" % ms)
