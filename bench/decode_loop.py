@@ -669,7 +669,6 @@ def summarize(runs):
     """backend -> median and min-max of each metric over the rounds, and each round's fraction of the
     ideal's tokens/s in the same round (rounds pair up, so a drift between rounds cancels)."""
     out = {}
-    ideal = [m["tokens_per_s"] for m in runs.get("ideal", [])]
     for name, metrics in runs.items():
         summary = {"runs": metrics}
         for key in (
@@ -682,7 +681,7 @@ def summarize(runs):
         ):
             values = [m[key] for m in metrics if m[key] is not None]
             summary[key], summary[key + "_range"] = _report.median_range(values)
-        fractions = [m["tokens_per_s"] / i for m, i in zip(metrics, ideal)]
+        fractions = round_ratios(metrics, runs.get("ideal", []))
         summary["of_ideal"], summary["of_ideal_range"] = _report.median_range(fractions)
         out[name] = summary
     return out
@@ -747,12 +746,16 @@ def checks(rows):
     return out
 
 
+def round_ratios(a_runs, b_runs):
+    """Each round's tokens/s of one backend over another's. A round runs the two close together in
+    time (rotated, not shuffled), so a drift between rounds (the host's or the GPU's clocks) cancels;
+    a ratio of the medians would mix rounds."""
+    return [x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(a_runs, b_runs)]
+
+
 def paired_ratio(backends, a, b):
-    """Backend a's tokens/s over b's: the median of the rounds' ratios. Each round runs the two
-    close together in time (rotated, not shuffled), so a drift between rounds (the host's or the
-    GPU's clocks) cancels, as it does in of_ideal; a ratio of the medians would mix rounds."""
-    runs = zip(backends[a]["runs"], backends[b]["runs"])
-    return statistics.median(x["tokens_per_s"] / y["tokens_per_s"] for x, y in runs)
+    """Backend a's tokens/s over b's: the median of the rounds' ratios (round_ratios)."""
+    return statistics.median(round_ratios(backends[a]["runs"], backends[b]["runs"]))
 
 
 def _fraction(s):

@@ -359,7 +359,8 @@ class BatchState:
         key = (self._version, names)
         if self._views is None or self._views[0] != key:
             self._views = (key,) + column_views(self._cols, self._size, names)
-        inputs.stage(static_values(self._views[1], self._views[2], extra), self._size, stream)
+        _, views, needed = self._views
+        inputs.stage(static_values(views, needed, extra), self._size, stream)
 
     # ----------------------------------------------------------------------------- storage
 
