@@ -192,12 +192,17 @@ PyObject* fetch_many_body(const std::array<PyObject*, 2>& a) {
   return wrap_fetch(FetchHandle::start(fetch_many_tensors(a[0]), a[1], /*many=*/true));
 }
 
-// The handle's CPU tensors, waiting (GIL released) for its copy first when it has not completed.
+// Waits for the handle's copy with the GIL released, only when it has not completed: a completed
+// handle's wait costs no GIL hand-over.
+void wait_without_gil(FetchHandle& h) {
+  if (h.ready()) return;
+  py::gil_scoped_release no_gil;
+  h.wait();
+}
+
+// The handle's CPU tensors, after its copy.
 std::vector<at::Tensor> fetched_tensors(FetchHandle& h) {
-  if (!h.ready()) {
-    py::gil_scoped_release no_gil;
-    h.wait();
-  }
+  wait_without_gil(h);
   return h.tensors();
 }
 
@@ -300,11 +305,7 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "wait",
           [](py::object self) {
-            translate_errors([&] {
-              FetchHandle& h = self.cast<FetchHandle&>();
-              py::gil_scoped_release no_gil;
-              h.wait();
-            });
+            translate_errors([&] { wait_without_gil(self.cast<FetchHandle&>()); });
             return self;
           },
           kFetchWaitDoc)
