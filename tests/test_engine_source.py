@@ -1,4 +1,11 @@
-"""bench/engines/source.py: an engine's copy that lacks a file now listed is not taken for the source."""
+"""bench/engines/source.py: an engine's copy that lacks a file now listed is not taken for the source;
+where no source is found, the tests that need it skip, saying why."""
+
+import os
+import subprocess
+import sys
+
+from support import ROOT
 
 from bench.engines import source
 
@@ -24,3 +31,33 @@ def test_a_carried_copy_lacking_a_listed_file_is_passed_over(tmp_path, monkeypat
     # folder prefixes (SGLang's "sglang/srt/") ask only for a complete copy
     assert source._missing(folder, ["pkg/"]) == []
     assert source._missing(tmp_path / "absent", ["pkg/"]) == [source._COMPLETE]
+
+
+BODY = """
+import pytest
+from bench.engines.source import engine_root
+
+@pytest.fixture
+def pkg():
+    return engine_root("pinstage-absent-pkg", "1.0", ["pkg/a.py"])
+
+def test_in_its_body():
+    engine_root("pinstage-absent-pkg", "1.0", ["pkg/a.py"])
+
+def test_in_a_fixture(pkg):
+    pass
+"""
+
+
+def test_a_test_finding_no_source_skips_with_the_reason(tmp_path):
+    """No carried copy, no cache, no package index: a test that asks for an engine's source, in its
+    body or through a fixture, skips saying why (the tests' conftest loaded as a plugin)."""
+    (tmp_path / "test_body.py").write_text(BODY)
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tests, ROOT]), PIP_NO_INDEX="1")
+    env.update(PINSTAGE_ENGINE_CACHE=str(tmp_path / "cache"), PINSTAGE_ENGINE_SRC=str(tmp_path / "none"))
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "conftest", "-p", "no:cacheprovider", "test_body.py"]
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 skipped" in done.stdout, done.stdout
+    assert done.stdout.count("pinstage-absent-pkg 1.0's source is not here") == 2, done.stdout
