@@ -49,6 +49,12 @@ summary() { grep -E "passed|failed|error" "$OUT/$1.log" | tail -n 3; grep -E "^(
   "${CXX:-c++}" --version | head -n 1
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
+# Nothing downloads on the GPU machine: without carried engine sources the engine tests skip and the
+# engine benchmarks fail, so say it before any time is spent.
+for engine in sglang vllm; do
+  ls -d .engines/"$engine"-* > /dev/null 2>&1 ||
+    echo "WARNING: no .engines/$engine-* carried: its tests skip, its benchmarks fail (python -m bench.engines.${engine}_stubs, then carry .engines)"
+done
 
 # Wheels carried in .whl (pytest-xdist and execnet: the tests that need no GPU spread over the cores).
 if ls .whl/*.whl > /dev/null 2>&1; then
