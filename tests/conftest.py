@@ -29,9 +29,9 @@ def pytest_runtest_setup(item):
     """A cuda-marked test skips where fewer GPUs than it asks for are visible, before its fixtures
     run. The skip is raised here, not added as a mark, so that the summary folds every such skip into one line
     ("SKIPPED [N] tests/conftest.py:..."); other skip reasons keep their own lines. An engine's
-    source that is not here skips the tests that run it (here where their fixtures load it,
-    pytest_runtest_call where their body does). A no_gpu test
-    skips where a GPU is visible; the README's test command runs those with CUDA hidden."""
+    source that is not here skips the tests that ask for it, in a fixture or in the body (both
+    phases run through _skipped_without_engine_source). A no_gpu test skips where a GPU is
+    visible; the README's test command runs those with CUDA hidden."""
     if item.get_closest_marker("no_gpu") is not None and _cuda_devices() > 0:
         pytest.skip("needs no visible GPU (scripts/test.sh runs it with CUDA_VISIBLE_DEVICES empty)")
     marker = item.get_closest_marker("cuda")
@@ -41,16 +41,17 @@ def pytest_runtest_setup(item):
             pytest.skip("needs a CUDA device (torch.cuda.is_available() is False)")
         if _cuda_devices() < need:
             pytest.skip("needs %d CUDA devices (%d visible)" % (need, _cuda_devices()))
-    try:
-        return (yield)
-    except Unavailable as why:
-        pytest.skip(str(why))
+    return (yield from _skipped_without_engine_source())
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
-    """A test that loads an engine's source in its own body skips where that source is not here,
-    as one whose fixtures load it does."""
+    return (yield from _skipped_without_engine_source())
+
+
+def _skipped_without_engine_source():
+    """Runs a test's phase (setup: its fixtures; call: its body); an engine's source that is not
+    here skips the test, saying why, wherever it was asked for."""
     try:
         return (yield)
     except Unavailable as why:

@@ -4,6 +4,7 @@ where no source is found, the tests that need it skip, saying why."""
 import os
 import subprocess
 import sys
+from xml.etree import ElementTree
 
 from support import ROOT
 
@@ -56,8 +57,14 @@ def test_a_test_finding_no_source_skips_with_the_reason(tmp_path):
     tests = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([tests, ROOT]), PIP_NO_INDEX="1")
     env.update(PINSTAGE_ENGINE_CACHE=str(tmp_path / "cache"), PINSTAGE_ENGINE_SRC=str(tmp_path / "none"))
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "conftest", "-p", "no:cacheprovider", "test_body.py"]
-    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider", "--junitxml=run.xml"]
+    done = subprocess.run(cmd + ["test_body.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "2 skipped" in done.stdout, done.stdout
-    assert done.stdout.count("pinstage-absent-pkg 1.0's source is not here") == 2, done.stdout
+    skipped = {
+        case.get("name"): case.find("skipped").get("message")
+        for case in ElementTree.parse(tmp_path / "run.xml").iter("testcase")
+        if case.find("skipped") is not None
+    }
+    assert sorted(skipped) == ["test_in_a_fixture", "test_in_its_body"], done.stdout
+    for why in skipped.values():
+        assert "pinstage-absent-pkg 1.0's source is not here" in why, why
