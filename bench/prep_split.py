@@ -4,7 +4,9 @@ bench/decode_loop.py's loop, where other work runs between calls (not in a tight
 the steps that make it.
 
 A diagnostic for docs/design.md (Measuring in a loop): it wraps the loop's methods and the builder
-calls it makes with timers (a perf_counter pair each, well under a microsecond), runs the backend
+calls it makes with timers (a perf_counter pair each, well under a microsecond, and a thread CPU
+clock pair, a system call of about half a microsecond that a call's parent counts too), and the
+context switches of each timed step; runs the backend
 once after decode_loop's recording run, and prints per call the median, the 10th percentile and
 how many steps made it. Calls nest: prefill_inputs (the admitting step's staging) holds
 prefill_values (the host work the ideal does too), the builders and one stage_many, and
@@ -14,6 +16,7 @@ launches) and the rest are outside the timed host prep."""
 import argparse
 import collections
 import os
+import resource
 import statistics
 import sys
 import time
@@ -37,8 +40,10 @@ BUILDERS = ("logprob_index_tensors", "sampling_fields", "write_cache_indices")
 
 
 def split(cfg, dev, cycles_per_us, backend):
-    """{call: [seconds per call]} over the timed steps of one run of `backend` (its warm-up steps and
-    decode_loop's recording run, another backend, are not counted)."""
+    """{call: [(wall seconds, this thread's CPU seconds) per call]} over the timed steps of one run of
+    `backend` (its warm-up steps and decode_loop's recording run, another backend, are not counted).
+    Wall time well above CPU time is time the thread did not run: a wait, or another thread on its
+    core; equal, it is work the thread did (cold caches make it longer)."""
     samples = collections.defaultdict(list)
     counting = [False]
 
@@ -46,11 +51,11 @@ def split(cfg, dev, cycles_per_us, backend):
         def call(*args, **kwargs):
             if not counting[0]:
                 return fn(*args, **kwargs)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 return fn(*args, **kwargs)
             finally:
-                samples[name].append(time.perf_counter() - t0)
+                samples[name].append((time.perf_counter() - t0, time.thread_time() - c0))
 
         return call
 
@@ -62,10 +67,14 @@ def split(cfg, dev, cycles_per_us, backend):
         if not loop.prep_s:  # decode_loop clears its per-step record when the warm-up ends: so do we
             samples.clear()
         counting[0] = True
+        before = _thread_switches()
         try:
             return step(loop)
         finally:
             counting[0] = False
+            after = _thread_switches()
+            if before is not None:
+                samples["context switches"].append(tuple(b - a for a, b in zip(before, after)))
 
     targets = [(decode_loop.Loop, name) for name in LOOP_METHODS]
     targets += [(decode_loop, name) for name in BUILDERS]
@@ -84,13 +93,44 @@ def split(cfg, dev, cycles_per_us, backend):
     return samples
 
 
+def _thread_switches():
+    """(voluntary, involuntary) context switches of this thread so far; None where the OS does not
+    count them per thread. Involuntary: another thread took its core (all share one here)."""
+    if not hasattr(resource, "RUSAGE_THREAD"):
+        return None
+    usage = resource.getrusage(resource.RUSAGE_THREAD)
+    return usage.ru_nvcsw, usage.ru_nivcsw
+
+
+def switches(samples):
+    """Context switches per timed step (mean and share of steps with any), voluntary (a wait) and
+    involuntary (preempted)."""
+    steps = samples.get("context switches", [])
+    if not steps:
+        return None
+    return {
+        kind: {
+            "mean": statistics.mean(s[i] for s in steps),
+            "steps_with_any": sum(s[i] > 0 for s in steps) / len(steps),
+        }
+        for i, kind in enumerate(("voluntary", "involuntary"))
+    }
+
+
 def rows(samples):
     out = []
     for name in LOOP_METHODS[:3] + BUILDERS + ("stage_static",) + LOOP_METHODS[3:]:
-        s = sorted(samples.get(name, []))
+        s = sorted(wall for wall, _ in samples.get(name, []))
         if s:
+            cpu = [c for _, c in samples[name]]
             out.append(
-                {"call": name, "n": len(s), "median_us": 1e6 * statistics.median(s), "p10_us": 1e6 * s[len(s) // 10]}
+                {
+                    "call": name,
+                    "n": len(s),
+                    "median_us": 1e6 * statistics.median(s),
+                    "p10_us": 1e6 * s[len(s) // 10],
+                    "cpu_median_us": 1e6 * statistics.median(cpu),
+                }
             )
     return out
 
@@ -109,16 +149,35 @@ def main(argv=None):
     cfg = decode_loop.Config(batch_size=args.batch_size, forward_ms=args.forward_ms, steps=args.steps)
     cycles = GpuBusy().cycles_per_us if dev.type == "cuda" else 0.0
     meta = _report.machine_meta()
-    found = rows(split(cfg, dev, cycles, args.backend))
+    samples = split(cfg, dev, cycles, args.backend)
+    found, per_step = rows(samples), switches(samples)
     print(
         "\n%s on %s, bs %d, forward %.1f ms: host us per call inside the loop"
         % (args.backend, meta["gpu"] or "the CPU", args.batch_size, args.forward_ms)
     )
     _report.print_table(
-        [["call", "median", "p10", "calls"]]
-        + [[r["call"], _report.fmt_us(r["median_us"]), _report.fmt_us(r["p10_us"]), r["n"]] for r in found]
+        [["call", "median", "p10", "CPU median", "calls"]]
+        + [
+            [
+                r["call"],
+                _report.fmt_us(r["median_us"]),
+                _report.fmt_us(r["p10_us"]),
+                _report.fmt_us(r["cpu_median_us"]),
+                r["n"],
+            ]
+            for r in found
+        ]
     )
-    _report.write_json(args.json, {"meta": meta, "config": vars(args), "calls": found})
+    if per_step:
+        print(
+            "context switches per step: voluntary %.2f (%.0f%% of steps), involuntary %.2f (%.0f%% of steps)"
+            % tuple(
+                v
+                for k in ("voluntary", "involuntary")
+                for v in (per_step[k]["mean"], 100 * per_step[k]["steps_with_any"])
+            )
+        )
+    _report.write_json(args.json, {"meta": meta, "config": vars(args), "calls": found, "context_switches": per_step})
 
 
 if __name__ == "__main__":
