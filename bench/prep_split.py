@@ -40,11 +40,13 @@ BUILDERS = ("logprob_index_tensors", "sampling_fields", "write_cache_indices")
 
 
 def split(cfg, dev, cycles_per_us, backend):
-    """{call: [(wall seconds, this thread's CPU seconds) per call]} over the timed steps of one run of
-    `backend` (its warm-up steps and decode_loop's recording run, another backend, are not counted).
+    """({call: [(wall seconds, this thread's CPU seconds) per call]}, [(voluntary, involuntary) context
+    switches per step]) over the timed steps of one run of `backend` (its warm-up steps and
+    decode_loop's recording run, another backend, are not counted).
     Wall time well above CPU time is time the thread did not run: a wait, or another thread on its
     core; equal, it is work the thread did (cold caches make it longer)."""
     samples = collections.defaultdict(list)
+    step_switches = []
     counting = [False]
 
     def timed(fn, name):
@@ -66,6 +68,7 @@ def split(cfg, dev, cycles_per_us, backend):
             return step(loop)
         if not loop.prep_s:  # decode_loop clears its per-step record when the warm-up ends: so do we
             samples.clear()
+            step_switches.clear()
         counting[0] = True
         before = _thread_switches()
         try:
@@ -74,7 +77,7 @@ def split(cfg, dev, cycles_per_us, backend):
             counting[0] = False
             after = _thread_switches()
             if before is not None:
-                samples["context switches"].append(tuple(b - a for a, b in zip(before, after)))
+                step_switches.append(tuple(b - a for a, b in zip(before, after)))
 
     targets = [(decode_loop.Loop, name) for name in LOOP_METHODS]
     targets += [(decode_loop, name) for name in BUILDERS]
@@ -90,7 +93,7 @@ def split(cfg, dev, cycles_per_us, backend):
         for owner, name, fn in saved:
             setattr(owner, name, fn)
         decode_loop.Loop.step = step
-    return samples
+    return samples, step_switches
 
 
 def _thread_switches():
@@ -102,10 +105,9 @@ def _thread_switches():
     return usage.ru_nvcsw, usage.ru_nivcsw
 
 
-def switches(samples):
+def switches(steps):
     """Context switches per timed step (mean and share of steps with any), voluntary (a wait) and
     involuntary (preempted)."""
-    steps = samples.get("context switches", [])
     if not steps:
         return None
     return {
@@ -149,8 +151,8 @@ def main(argv=None):
     cfg = decode_loop.Config(batch_size=args.batch_size, forward_ms=args.forward_ms, steps=args.steps)
     cycles = GpuBusy().cycles_per_us if dev.type == "cuda" else 0.0
     meta = _report.machine_meta()
-    samples = split(cfg, dev, cycles, args.backend)
-    found, per_step = rows(samples), switches(samples)
+    samples, step_switches = split(cfg, dev, cycles, args.backend)
+    found, per_step = rows(samples), switches(step_switches)
     print(
         "\n%s on %s, bs %d, forward %.1f ms: host us per call inside the loop"
         % (args.backend, meta["gpu"] or "the CPU", args.batch_size, args.forward_ms)

@@ -8,6 +8,7 @@ import contextlib
 import io
 import os
 import random
+import resource
 import sys
 
 import numpy as np
@@ -158,10 +159,11 @@ def test_every_backend_generates_the_same_tokens(device, one_thread):
 
 def test_prep_split_times_the_timed_steps_of_its_backend_only(one_thread):
     """Each timed step writes the inputs once, and each admitting step calls every prefill builder
-    once; the recording run (another backend) and the warm-up add nothing; the wrappers go away."""
+    once; the recording run (another backend) and the warm-up add nothing; the wrappers go away.
+    Each call also has its thread CPU time, and each timed step its context switches."""
     cfg = small_loop()
     originals = (decode_loop.Loop.step, decode_loop.Loop.write_inputs, decode_loop.write_cache_indices)
-    samples = prep_split.split(cfg, torch.device("cpu"), 0.0, "pinstage_static")
+    samples, step_switches = prep_split.split(cfg, torch.device("cpu"), 0.0, "pinstage_static")
     assert (decode_loop.Loop.step, decode_loop.Loop.write_inputs, decode_loop.write_cache_indices) == originals
     assert len(samples["write_inputs"]) == len(samples["stage_static"]) == cfg.steps
     admitting = len(samples["prefill_inputs"])
@@ -170,7 +172,9 @@ def test_prep_split_times_the_timed_steps_of_its_backend_only(one_thread):
         assert len(samples[name]) == admitting, name
     table = prep_split.rows(samples)
     assert [r["call"] for r in table][:3] == ["prefill_inputs", "prefill_values", "write_inputs"]
-    assert all(r["median_us"] >= r["p10_us"] > 0 for r in table)
+    assert all(r["median_us"] >= r["p10_us"] > 0 and r["cpu_median_us"] > 0 for r in table)
+    # one (voluntary, involuntary) count per timed step where the OS counts them per thread
+    assert len(step_switches) == (cfg.steps if hasattr(resource, "RUSAGE_THREAD") else 0)
 
 
 def test_rounds_rotate_the_order():
