@@ -74,11 +74,15 @@ grep -E "^pinstage setup:" "$OUT/build.log" | cut -c1-160
 # running session fail its tests (a test's source or vLLM's metadata briefly missing).
 log=/tmp/pinstage-tests.log
 snapshot=/tmp/pinstage-tests-tree
-if has tests; then
+pidfile=/tmp/pinstage-tests.pid
+if has tests && [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+  echo "tests: an earlier call's run is still going; not starting another (it would remove its tree)"
+elif has tests; then
   stamp "the README's test command, detached, in a copy of the tree: bash scripts/test.sh"
   rm -rf "$log" "$snapshot" && cp -a . "$snapshot"
   setsid nohup bash -c "cd $snapshot && bash scripts/test.sh > $log 2>&1; echo \"test command exit: \$?\" >> $log" \
     > /dev/null 2>&1 &
+  echo $! > "$pidfile"
 fi
 if has tests || has collect; then
   end=$(( $(date +%s) + ${TESTS_SECONDS:-540} ))
