@@ -94,8 +94,8 @@ def test_no_test_module_hides_cuda_cases_from_the_marker():
 @pytest.mark.parametrize(
     "source",
     [
-        "import pytest, torch\nif not torch.cuda.is_available():\n    pytest.skip('no', allow_module_level=True)\n",
-        "import pytest, torch\nif torch.cuda.device_count() < 2:\n    pytest.skip('two', allow_module_level=True)\n",
+        "import pytest, torch\nif not torch.cuda.is_available():\n    pytest.skip('no')\n",
+        "import pytest, torch\nif torch.cuda.device_count() < 2:\n    pytest.skip('two')\n",
         "import pytest, torch\n@pytest.mark.skipif(not torch.cuda.is_available(), reason='x')\ndef test_a(): pass\n",
         "import pytest, torch\nHAS = torch.cuda.is_available()\n"
         "D = [pytest.param('cuda', marks=pytest.mark.skipif(not HAS, reason='x'))]\n",
