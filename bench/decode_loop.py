@@ -33,9 +33,10 @@ values come from and how they reach the device (the table's legend says which pa
 "request objects" is a Python gather over the running requests each step. Prefill inputs and the
 tokens' keep indices go through the list builders of the backend's kind (blocking, pinned or
 pinstage: the pinstage backends stage the prompt lists, the logits indices and the sampling batch in
-one stage_many); the ideals replay them. The state backends read the prefill's sampling values from
-the joining requests' own BatchState (written as they join, merged into the running one after the
-prefill, as SGLang merges a prefill batch), the request backends gather them from the objects. The
+one stage_prefill, which writes the cache rows too); the ideals replay them. The state backends read
+the prefill's sampling values from the joining requests' own BatchState (written as they join,
+merged into the running one after the prefill, as SGLang merges a prefill batch), the request
+backends gather them from the objects. The
 state backends' membership bookkeeping (BatchState.add as requests join, filter as they leave) is
 untimed for all of them, the same-host ideal included; the request backends have none, and pay
 their gather in the timed prep. Rows
@@ -80,12 +81,11 @@ from microbench import GpuBusy  # noqa: E402
 import pinstage  # noqa: E402
 from pinstage.builders import (  # noqa: E402
     BatchState,
-    LogprobIndices,
+    CacheRows,
     Request,
     SamplingParams,
-    logprob_index_tensors,
     sampling_fields,
-    write_cache_indices,
+    stage_prefill,
 )
 
 
@@ -343,25 +343,22 @@ class Loop:
             fields, sampling_batch = joining.sampling_fields()
         else:
             fields, sampling_batch = sampling_fields([r.spec.params for r in new])
+        prefixes = [r.prefix_slots for r in new]
         if b == "pinstage":
-            # Everything the prefill reads, staged together: one ring region, one copy.
-            index_tensors = logprob_index_tensors(extend_lens, starts)
-            staged = pinstage.stage_many(
-                lists + [(t, torch.int64) for t in index_tensors] + [(v, dtype) for _, v, dtype in fields],
-                device=self.dev,
+            # Everything the prefill reads in one call: one ring region, one copy, and the cache rows
+            # written behind it from the staged out_cache_loc (item 3).
+            cache = CacheRows(m.req_to_token, rows, prefixes, prefix_lens, seq_lens, 3)
+            staged, indices = stage_prefill(
+                lists + [(v, dtype) for _, v, dtype in fields], extend_lens, starts, cache, device=self.dev
             )
-            indices, batch = LogprobIndices(*staged[6:10]), sampling_batch(staged[10:])
+            batch = sampling_batch(staged[6:])
         else:
             staged = self.stage(lists)
             indices = baseline.build_logprob_indices(extend_lens, starts, b, self.dev)
             batch = baseline.stage_sampling_fields(fields, sampling_batch, b, self.dev)
-        ids, rows_d, pos_d, loc_d, req_rows, seq_d = staged[:6]
-        prefixes = [r.prefix_slots for r in new]
-        cache_args = (m.req_to_token, rows, prefixes, prefix_lens, seq_lens, extend_lens, loc_d)
-        if b == "pinstage":
-            write_cache_indices(*cache_args)
-        else:
+            cache_args = (m.req_to_token, rows, prefixes, prefix_lens, seq_lens, extend_lens, staged[3])
             baseline.write_cache_indices(*cache_args, b)
+        ids, rows_d, pos_d, loc_d, req_rows, seq_d = staged[:6]
         return PrefillInputs(
             ids, rows_d, pos_d, loc_d, req_rows, seq_d, indices, batch, cache_rows=(rows, prefixes, extend_lens, loc_d)
         )

@@ -9,7 +9,7 @@ clock pair, a system call of about half a microsecond that a call's parent count
 context switches of each timed step; runs the backend
 once after decode_loop's recording run, and prints per call the median, the 10th percentile and
 how many steps made it. Calls nest: prefill_inputs (the admitting step's staging) holds
-prefill_values (the host work the ideal does too), the builders and one stage_many, and
+prefill_values (the host work the ideal does too), sampling_fields and stage_prefill, and
 write_inputs (the decode step's staging) holds stage_static; prefill (the eager prefill's
 launches) and the rest are outside the timed host prep."""
 
@@ -36,7 +36,7 @@ import pinstage.builders.batch_state as batch_state  # noqa: E402
 
 # The calls timed, in the order printed: the loop's own methods and the builders it calls.
 LOOP_METHODS = ("prefill_inputs", "prefill_values", "write_inputs", "prefill", "decode", "retire", "read_back")
-BUILDERS = ("logprob_index_tensors", "sampling_fields", "write_cache_indices")
+BUILDERS = ("sampling_fields", "stage_prefill")
 
 
 def split(cfg, dev, cycles_per_us, backend):

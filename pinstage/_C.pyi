@@ -41,6 +41,19 @@ def _static_inputs_stage(
     inputs: StaticInputs, values: Dict[str, Any], n: int, stream: Optional[torch.cuda.Stream]
 ) -> None: ...
 def is_plain_int_list(values: object) -> bool: ...
+def _stage_prefill(
+    items: Iterable[Tuple[Any, torch.dtype]],
+    extend_lens: Any,
+    logprob_starts: Any,
+    req_to_token: Optional[torch.Tensor],
+    req_pool_indices: Any,
+    prefix_tensors: Any,
+    prefix_lens: Any,
+    seq_lens: Any,
+    out_cache_loc: Any,
+    stream: Optional[torch.cuda.Stream],
+    device: Any,
+) -> Optional[List[torch.Tensor]]: ...
 def logprob_indices(lens: Any, starts: Any) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]: ...
 def write_cache_indices(
     req_to_token: torch.Tensor,

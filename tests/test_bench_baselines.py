@@ -162,9 +162,9 @@ def test_prep_split_times_the_timed_steps_of_its_backend_only(one_thread):
     once; the recording run (another backend) and the warm-up add nothing; the wrappers go away.
     Each call also has its thread CPU time, and each timed step its context switches."""
     cfg = small_loop()
-    originals = (decode_loop.Loop.step, decode_loop.Loop.write_inputs, decode_loop.write_cache_indices)
+    originals = (decode_loop.Loop.step, decode_loop.Loop.write_inputs, decode_loop.stage_prefill)
     samples, step_switches = prep_split.split(cfg, torch.device("cpu"), 0.0, "pinstage_static")
-    assert (decode_loop.Loop.step, decode_loop.Loop.write_inputs, decode_loop.write_cache_indices) == originals
+    assert (decode_loop.Loop.step, decode_loop.Loop.write_inputs, decode_loop.stage_prefill) == originals
     assert len(samples["write_inputs"]) == len(samples["stage_static"]) == cfg.steps
     admitting = len(samples["prefill_inputs"])
     assert 0 < admitting < cfg.steps

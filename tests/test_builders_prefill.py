@@ -1,6 +1,7 @@
-"""A prefill's inputs in one copy: the logits and sampling builders' host halves staged with the
-prefill's other lists in one stage_many give the tensors the builders give on their own."""
+"""stage_prefill: a prefill's lists, sampling values and logits indices in one copy, and its cache
+rows written behind that copy, equal to what the builders give one by one."""
 
+import numpy as np
 import pytest
 import torch
 from staging_reference import assert_same_tensor
@@ -9,70 +10,180 @@ from support import DEVICES, assert_fields_equal, random_params, run_while_strea
 import pinstage
 from pinstage.builders import (
     BatchState,
-    LogprobIndices,
+    CacheRows,
     Request,
     build_logprob_indices,
     build_sampling_batch,
-    logprob_index_tensors,
     sampling_fields,
+    stage_prefill,
+    write_cache_indices,
 )
 
-
-def prefill_values(rng, bs):
-    lens = [rng.randint(1, 40) for _ in range(bs)]
-    starts = [rng.choice([n, rng.randint(0, n), 0]) for n in lens]
-    ids = [rng.randint(0, 50_000) for _ in range(sum(lens))]
-    positions = [i for n in lens for i in range(n)]
-    return lens, starts, ids, positions, random_params(rng, bs)
+MAX_CONTEXT_LEN = 64
+SENTINEL = -7  # cells no request owns keep it
 
 
-def stage_prefill(lens, starts, ids, positions, params, sampling_source=None, **where):
-    """sampling_source: None (the list builder's values) or a BatchState of the prefill's requests."""
-    fields, sampling_batch = sampling_fields(params) if sampling_source is None else sampling_source.sampling_fields()
-    items = [(ids, torch.int64), (positions, torch.int64)]
-    items += [(t, torch.int64) for t in logprob_index_tensors(lens, starts)]
-    items += [(values, dtype) for _, values, dtype in fields]
-    staged = pinstage.stage_many(items, **where)
-    return staged[0], staged[1], LogprobIndices(*staged[2:6]), sampling_batch(staged[6:])
+class Prefill:
+    """One random prefill: bs requests, each with a row of a spare-rowed table, a cached prefix of
+    0-16 slots and 1-40 new tokens, some asking for input logprobs."""
 
+    def __init__(self, rng, bs, device):
+        self.device = device
+        self.lens = [rng.randint(1, 40) for _ in range(bs)]
+        self.starts = [rng.choice([n, rng.randint(0, n), 0]) for n in self.lens]
+        self.rows = rng.sample(range(bs + 3), bs)
+        self.prefix_lens = [rng.randint(0, 16) for _ in range(bs)]
+        self.seq_lens = [p + n for p, n in zip(self.prefix_lens, self.lens)]
+        self.ids = [rng.randint(0, 50_000) for _ in range(sum(self.lens))]
+        self.positions = [p + i for p, n in zip(self.prefix_lens, self.lens) for i in range(n)]
+        self.locations = rng.sample(range(1 << 20), sum(self.lens))
+        self.prefixes = [torch.randint(0, 1 << 20, (p + 2,), dtype=torch.int64, device=device) for p in self.prefix_lens]
+        self.params = random_params(rng, bs)
+        self.table = torch.full((bs + 3, MAX_CONTEXT_LEN), SENTINEL, dtype=torch.int32, device=device)
 
-def assert_equals_the_builders(staged, values, device):
-    lens, starts, ids, positions, params = values
-    ids_d, positions_d, indices, batch = staged
-    assert_same_tensor(ids_d, torch.tensor(ids, dtype=torch.int64, device=device), "input ids")
-    assert_same_tensor(positions_d, torch.tensor(positions, dtype=torch.int64, device=device), "positions")
-    assert_fields_equal(indices, build_logprob_indices(lens, starts, device=device))
-    assert_fields_equal(batch, build_sampling_batch(params, device=device))
+    def cache_rows(self, column=list):
+        return CacheRows(
+            self.table, column(self.rows), self.prefixes, column(self.prefix_lens), column(self.seq_lens), 2
+        )
+
+    def stage(self, sampling_source=None, column=list, **where):
+        """(ids, positions, out_cache_loc, LogprobIndices, SamplingBatch), req_to_token written."""
+        fields, make_batch = (
+            sampling_fields(self.params) if sampling_source is None else sampling_source.sampling_fields()
+        )
+        items = [(self.ids, torch.int64), (self.positions, torch.int64), (self.locations, torch.int64)]
+        items += [(values, dtype) for _, values, dtype in fields]
+        staged, indices = stage_prefill(
+            items, column(self.lens), column(self.starts), self.cache_rows(column), **where
+        )
+        return staged[0], staged[1], staged[2], indices, make_batch(staged[3:])
+
+    def expected_table(self):
+        table = torch.full_like(self.table, SENTINEL)
+        loc = torch.tensor(self.locations, dtype=torch.int64, device=self.device)
+        write_cache_indices(table, self.rows, self.prefixes, self.prefix_lens, self.seq_lens, self.lens, loc)
+        return table
+
+    def assert_equals_the_builders(self, staged):
+        ids, positions, loc, indices, batch = staged
+        for name, got, values in (("ids", ids, self.ids), ("positions", positions, self.positions)):
+            assert_same_tensor(got, torch.tensor(values, dtype=torch.int64, device=self.device), name)
+        assert_same_tensor(loc, torch.tensor(self.locations, dtype=torch.int64, device=self.device), "out_cache_loc")
+        assert_fields_equal(indices, build_logprob_indices(self.lens, self.starts, device=self.device))
+        assert_fields_equal(batch, build_sampling_batch(self.params, device=self.device))
+        assert torch.equal(self.table.cpu(), self.expected_table().cpu()), "req_to_token"
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bs", [1, 9, 300])
-def test_one_staging_equals_the_builders(rng, device, bs):
-    values = prefill_values(rng, bs)
-    assert_equals_the_builders(stage_prefill(*values, device=device), values, device)
+def test_one_call_equals_the_builders(rng, device, bs):
+    prefill = Prefill(rng, bs, device)
+    prefill.assert_equals_the_builders(prefill.stage(device=device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_numpy_columns_take_the_builders_checked_path_with_equal_results(rng, device):
+    prefill = Prefill(rng, 20, device)
+    prefill.assert_equals_the_builders(prefill.stage(column=np.array, device=device))
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_sampling_values_from_the_joining_requests_batch_state(rng, device):
     """A prefill batch's own BatchState (its requests added as they join) gives the sampling values
     the list builder gives, in the same one staging."""
-    values = prefill_values(rng, 40)
+    prefill = Prefill(rng, 40, device)
     joining = BatchState()
-    for row, params in enumerate(values[-1]):
+    for row, params in enumerate(prefill.params):
         joining.add(Request([1], req_pool_idx=row, sampling_params=params))
-    assert_equals_the_builders(stage_prefill(*values, sampling_source=joining, device=device), values, device)
+    prefill.assert_equals_the_builders(prefill.stage(sampling_source=joining, device=device))
+
+
+def test_without_cache_rows_it_stages_the_items_and_the_indices():
+    staged, indices = stage_prefill([([1, 2, 3], torch.int64), ([0.5], torch.float32)], [4, 5, 6], [0, 5, 3])
+    assert_same_tensor(staged[0], torch.tensor([1, 2, 3]), "item 0")
+    assert_same_tensor(staged[1], torch.tensor([0.5]), "item 1")
+    assert_fields_equal(indices, build_logprob_indices([4, 5, 6], [0, 5, 3]))
+
+
+@pytest.mark.parametrize("column", [list, np.array])
+@pytest.mark.parametrize(
+    "change, error, message",
+    [
+        (dict(item=[1.5j]), TypeError, "item 1"),
+        (dict(lens=0), ValueError, "request 2: extend_seq_lens must be >= 1"),
+        (dict(starts=99), ValueError, "request 2: extend_logprob_start_lens must be in"),
+        (dict(rows=10_000), IndexError, "request 2: req_pool_indices is 10000"),
+        (dict(seq=MAX_CONTEXT_LEN + 1), ValueError, "request 2: seq_lens"),
+        (dict(loc_item=7), IndexError, "out_cache_loc is item 7 but there are"),
+    ],
+)
+def test_bad_input_raises_and_writes_nothing(rng, column, change, error, message):
+    """Every check comes before the cache rows are written: req_to_token keeps every cell. (On the
+    list path nothing is staged either: tests/test_builders_prefill.py's CUDA case counts copies.)"""
+    prefill = Prefill(rng, 5, "cpu")
+    items = [(prefill.ids, torch.int64), (change.get("item", [1]), torch.int64), (prefill.locations, torch.int64)]
+    lens, starts, rows, seq = list(prefill.lens), list(prefill.starts), list(prefill.rows), list(prefill.seq_lens)
+    lens[2] = change.get("lens", lens[2])
+    starts[2] = change.get("starts", starts[2])
+    rows[2] = change.get("rows", rows[2])
+    seq[2] = change.get("seq", seq[2])
+    cache = CacheRows(
+        prefill.table, column(rows), prefill.prefixes, column(prefill.prefix_lens), column(seq), change.get("loc_item", 2)
+    )
+    with pytest.raises(error, match=message):
+        stage_prefill(items, column(lens), column(starts), cache)
+    assert (prefill.table == SENTINEL).all(), "req_to_token was written"
+
+
+def test_out_cache_loc_must_be_staged_as_one_int64_per_new_token(rng):
+    prefill = Prefill(rng, 3, "cpu")
+    items = [(prefill.locations, torch.int32)]
+    with pytest.raises(TypeError, match=r"out_cache_loc \(item 0\) must be staged as 1-D torch.int64"):
+        stage_prefill(items, prefill.lens, prefill.starts, prefill.cache_rows()._replace(out_cache_loc=0))
+    short = [(prefill.locations[:-1], torch.int64)]
+    with pytest.raises(ValueError, match="extend_lens add up to"):
+        stage_prefill(short, prefill.lens, prefill.starts, prefill.cache_rows()._replace(out_cache_loc=0))
+    assert (prefill.table == SENTINEL).all()
 
 
 @pytest.mark.cuda
-def test_one_copy_behind_a_busy_stream(rng):
-    values = prefill_values(rng, 64)
+def test_one_copy_and_the_cache_rows_behind_a_busy_stream(rng):
+    """The staging returns while the stream is still busy, makes one copy, and the kernel reads the
+    staged out_cache_loc behind that copy on the same stream: every value is right once it ran."""
+    prefill = Prefill(rng, 64, "cuda")
     stream = torch.cuda.Stream()
-    build = lambda: stage_prefill(*values, stream=stream)  # noqa: E731
-    build()
+    stream.wait_stream(torch.cuda.current_stream())  # the prefixes and the table were made on the default stream
+    prefill.stage(stream=stream)  # warm-up; then the table is emptied, so only the timed call can fill it
+    stream.synchronize()
+    prefill.table.fill_(SENTINEL)
     before = pinstage.stats()
-    staged, still_busy = run_while_stream_busy(build, stream)
+    staged, still_busy = run_while_stream_busy(lambda: prefill.stage(stream=stream), stream)
     after = pinstage.stats()
-    assert still_busy, "the staging returned only after the busy stream finished"
+    assert still_busy, "stage_prefill returned only after the busy stream finished"
     assert after["copies"] - before["copies"] == 1
     torch.cuda.synchronize()
-    assert_equals_the_builders(staged, values, "cuda")
+    prefill.assert_equals_the_builders(staged)
+
+
+@pytest.mark.cuda
+def test_bad_cache_rows_stage_nothing_on_the_gpu(rng):
+    prefill = Prefill(rng, 8, "cuda")
+    rows = list(prefill.rows)
+    rows[3] = -1
+    cache = prefill.cache_rows()._replace(req_pool_indices=rows)
+    items = [(prefill.ids, torch.int64), (prefill.positions, torch.int64), (prefill.locations, torch.int64)]
+    torch.cuda.synchronize()
+    before = pinstage.stats()
+    with pytest.raises(IndexError, match="request 3: req_pool_indices is -1"):
+        stage_prefill(items, prefill.lens, prefill.starts, cache)
+    assert pinstage.stats()["copies"] == before["copies"], "a copy was made before the check"
+    torch.cuda.synchronize()
+    assert (prefill.table == SENTINEL).all()
+
+
+@pytest.mark.cuda
+def test_req_to_token_on_another_device_than_the_items_is_refused(rng):
+    prefill = Prefill(rng, 2, "cpu")
+    with pytest.raises(ValueError, match="req_to_token is on cpu but the items are staged to cuda"):
+        stage_prefill([(prefill.locations, torch.int64)], prefill.lens, prefill.starts,
+                      prefill.cache_rows()._replace(out_cache_loc=0), device="cuda")

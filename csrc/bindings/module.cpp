@@ -18,6 +18,7 @@
 #include "copy/fetch.h"
 #include "copy/target.h"
 #include "ops/logprob_indices.h"
+#include "ops/stage_prefill.h"
 #include "ops/write_cache_indices.h"
 #include "python/py_objects.h"
 #include "ring/device_stats.h"
@@ -147,6 +148,68 @@ PyObject* static_stage_body(const std::array<PyObject*, 4>& a) {
   Py_RETURN_NONE;
 }
 
+// A per-request column of the builders' compiled calls given as a list: its Python ints, read with
+// no Python code running (so the list cannot change meanwhile); nothing where it is not a list or
+// an entry is another kind of int or beyond int64 (the builder's checked path then names it).
+std::optional<std::vector<int64_t>> int64_list(PyObject* column) {
+  if (!PyList_CheckExact(column)) return std::nullopt;
+  const Py_ssize_t n = PyList_GET_SIZE(column);
+  std::vector<int64_t> values(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* item = PyList_GET_ITEM(column, i);
+    long long value = 0;
+    if (!PyLong_CheckExact(item) || !exact_int_value(item, &value)) return std::nullopt;
+    values[static_cast<size_t>(i)] = value;
+  }
+  return values;
+}
+
+// pinstage.builders.stage_prefill's call, all arguments given (None for no cache rows). Returns
+// None, having done nothing, where a per-request column is not a list of Python ints that int64
+// holds: the builder's checked path then names the entry.
+constexpr FastSignature<11> kStagePrefill{"_stage_prefill",
+                                          {"items", "extend_lens", "logprob_starts", "req_to_token",
+                                           "req_pool_indices", "prefix_tensors", "prefix_lens", "seq_lens",
+                                           "out_cache_loc", "stream", "device"},
+                                          11,
+                                          11};
+PyObject* stage_prefill_body(const std::array<PyObject*, 11>& a) {
+  std::optional<std::vector<int64_t>> lens = int64_list(a[1]);
+  std::optional<std::vector<int64_t>> starts = int64_list(a[2]);
+  if (!lens || !starts) Py_RETURN_NONE;
+  std::optional<PrefillCacheRows> cache;
+  if (a[3] != Py_None) {
+    TORCH_CHECK_TYPE(is_tensor(a[3]), "pinstage.builders.stage_prefill: req_to_token must be a tensor, got ",
+                     Py_TYPE(a[3])->tp_name);
+    std::optional<std::vector<int64_t>> rows = int64_list(a[4]);
+    std::optional<std::vector<int64_t>> prefix_lens = int64_list(a[6]);
+    std::optional<std::vector<int64_t>> seq_lens = int64_list(a[7]);
+    if (!rows || !prefix_lens || !seq_lens) Py_RETURN_NONE;
+    THPObjectPtr prefixes(checked(PySequence_Tuple(a[5])));
+    std::vector<at::Tensor> prefix_tensors;
+    prefix_tensors.reserve(static_cast<size_t>(PyTuple_GET_SIZE(prefixes.get())));
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(prefixes.get()); ++i) {
+      PyObject* item = PyTuple_GET_ITEM(prefixes.get(), i);
+      TORCH_CHECK_TYPE(is_tensor(item), "write_cache_indices: request ", i, ": prefix_tensors entry must be a tensor, got ",
+                       Py_TYPE(item)->tp_name);
+      prefix_tensors.push_back(unpack_tensor(item));
+    }
+    TORCH_CHECK_TYPE(PyLong_CheckExact(a[8]), "pinstage.builders.stage_prefill: out_cache_loc must be the index of "
+                     "an item (an int), got ", Py_TYPE(a[8])->tp_name);
+    const long long item = PyLong_AsLongLong(a[8]);
+    if (item == -1 && PyErr_Occurred()) throw PythonError();
+    cache.emplace(PrefillCacheRows{unpack_tensor(a[3]), std::move(prefix_tensors),
+                                   RequestValues{std::move(*rows), std::move(*prefix_lens), std::move(*seq_lens), {}, {}},
+                                   static_cast<int64_t>(item)});
+  }
+  std::vector<at::Tensor> tensors = stage_prefill(a[0], std::move(*lens), *starts, std::move(cache), a[9], a[10]);
+  THPObjectPtr list(checked(PyList_New(static_cast<Py_ssize_t>(tensors.size()))));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    PyList_SET_ITEM(list.get(), static_cast<Py_ssize_t>(i), checked(wrap_tensor(std::move(tensors[i]))));
+  }
+  return list.release();
+}
+
 template <size_t N, const FastSignature<N>& Sig, PyObject* (*Body)(const std::array<PyObject*, N>&)>
 PyMethodDef fast_method(const char* doc) {
   return {Sig.name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&fast_entry<N, Sig, Body>)),
@@ -222,24 +285,10 @@ PyMethodDef kFastMethods[] = {
     fast_method<4, kStaticStage, static_stage_body>(kStaticInputsStageDoc),
     fast_method<2, kFetchToHost, fetch_to_host_body>(kFetchToHostDoc),
     fast_method<2, kFetchMany, fetch_many_body>(kFetchManyDoc),
+    fast_method<11, kStagePrefill, stage_prefill_body>(kStagePrefillDoc),
     {"is_plain_int_list", &is_plain_int_list, METH_O,
      "is_plain_int_list(values): whether values is a list of Python ints (no bool or other int subclass)."},
 };
-
-// A per-request column of write_cache_indices given as a list: its Python ints, read with no Python
-// code running (so the list cannot change meanwhile); nothing where an entry is another kind of int
-// or beyond int64.
-std::optional<std::vector<int64_t>> int64_list(PyObject* column) {
-  const Py_ssize_t n = PyList_GET_SIZE(column);
-  std::vector<int64_t> values(static_cast<size_t>(n));
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* item = PyList_GET_ITEM(column, i);
-    long long value = 0;
-    if (!PyLong_CheckExact(item) || !exact_int_value(item, &value)) return std::nullopt;
-    values[static_cast<size_t>(i)] = value;
-  }
-  return values;
-}
 
 // (name, dtype, row shape, fill as a 0-d CPU tensor, persistent) per field, as pinstage.StaticInputs
 // passes them.

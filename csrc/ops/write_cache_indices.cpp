@@ -169,12 +169,6 @@ void check_no_overlap(const at::Tensor& req_to_token, at::TensorList prefix_tens
 
 // ----------------------------------------------------------------------------- the op
 
-// The prefix tensors' addresses and lengths, taken from the tensors (checked, never read).
-struct PrefixTable {
-  std::vector<uint64_t> pointers;
-  std::vector<int64_t> numels;
-};
-
 PrefixTable prefix_table(at::TensorList prefix_tensors, int64_t batch, const at::Device& device) {
   TORCH_CHECK_VALUE(static_cast<int64_t>(prefix_tensors.size()) == batch, kOp, ": prefix_tensors has ",
                     prefix_tensors.size(), " entries but req_pool_indices has ", batch);
@@ -190,22 +184,34 @@ PrefixTable prefix_table(at::TensorList prefix_tensors, int64_t batch, const at:
   return table;
 }
 
-// What both entries check and fill: req_to_token (the output) and out_cache_loc, and the number of
-// requests.
-CacheIndexParams checked_target(const at::Tensor& req_to_token, const at::Tensor& out_cache_loc, int64_t batch) {
+// req_to_token (the output) and the number of requests, checked; out_cache_loc's address is set
+// by the caller once it has checked that tensor.
+CacheIndexParams checked_target(const at::Tensor& req_to_token, int64_t batch, int64_t out_cache_len) {
   check_values_in_memory(req_to_token, "req_to_token");
-  check_values_in_memory(out_cache_loc, "out_cache_loc");
   check_req_to_token(req_to_token);
   TORCH_CHECK_VALUE(batch <= INT32_MAX, kOp, ": at most 2**31 - 1 requests per call, got ", batch);
-  check_out_cache_loc(out_cache_loc, req_to_token.device());
   CacheIndexParams p{};
   p.req_to_token = req_to_token.data_ptr<int32_t>();
   p.row_stride = req_to_token.stride(0);
   p.rows = req_to_token.size(0);
   p.max_context_len = req_to_token.size(1);
   p.batch = batch;
+  p.out_cache_len = out_cache_len;
+  return p;
+}
+
+void check_out_cache_loc_tensor(const at::Tensor& out_cache_loc, const at::Device& device) {
+  check_values_in_memory(out_cache_loc, "out_cache_loc");
+  check_out_cache_loc(out_cache_loc, device);
+}
+
+// What both entries check and fill: req_to_token (the output) and out_cache_loc, and the number of
+// requests.
+CacheIndexParams checked_target(const at::Tensor& req_to_token, const at::Tensor& out_cache_loc, int64_t batch) {
+  check_values_in_memory(out_cache_loc, "out_cache_loc");
+  CacheIndexParams p = checked_target(req_to_token, batch, out_cache_loc.numel());
+  check_out_cache_loc(out_cache_loc, req_to_token.device());
   p.out_cache_loc = out_cache_loc.const_data_ptr<int64_t>();
-  p.out_cache_len = out_cache_loc.numel();
   return p;
 }
 
@@ -407,21 +413,47 @@ void write_cache_indices(const at::Tensor& req_to_token, const at::Tensor& req_p
 #endif
 }
 
-void write_cache_indices_of_lists(const at::Tensor& req_to_token, at::TensorList prefix_tensors,
-                                  const at::Tensor& out_cache_loc, RequestValues values) {
-  const int64_t batch = static_cast<int64_t>(values.rows.size());
-  const std::pair<const char*, size_t> per_request[] = {{"prefix_lens", values.prefix_lens.size()},
-                                                        {"seq_lens", values.seq_lens.size()},
-                                                        {"extend_lens", values.extend_lens.size()}};
+ListCacheWrite::ListCacheWrite(const at::Tensor& req_to_token, at::TensorList prefix_tensors, int64_t out_cache_len,
+                               RequestValues values)
+    : req_to_token_(req_to_token), values_(std::move(values)) {
+  const int64_t batch = static_cast<int64_t>(values_.rows.size());
+  const std::pair<const char*, size_t> per_request[] = {{"prefix_lens", values_.prefix_lens.size()},
+                                                        {"seq_lens", values_.seq_lens.size()},
+                                                        {"extend_lens", values_.extend_lens.size()}};
   for (const auto& [name, size] : per_request) {
     TORCH_CHECK_VALUE(static_cast<int64_t>(size) == batch, kOp, ": ", name, " has ", size,
                       " entries but req_pool_indices has ", batch);
   }
-  TORCH_CHECK_VALUE(values.offsets.empty(), kOp, ": the offsets are computed from the lists");
-  CacheIndexParams p = checked_target(req_to_token, out_cache_loc, batch);
-  const PrefixTable table = prefix_table(prefix_tensors, batch, req_to_token.device());
-  check_no_overlap(req_to_token, prefix_tensors, {{"out_cache_loc", &out_cache_loc}});
-  write_checked(p, table, values, /*offsets_given=*/false, req_to_token);
+  TORCH_CHECK_VALUE(values_.offsets.empty(), kOp, ": the offsets are computed from the lists");
+  params_ = checked_target(req_to_token, batch, out_cache_len);
+  table_ = prefix_table(prefix_tensors, batch, req_to_token.device());
+  check_no_overlap(req_to_token, prefix_tensors, {});
+  check_on_host(params_, table_, values_, /*given=*/false);
+}
+
+void ListCacheWrite::run(const at::Tensor& out_cache_loc) {
+  check_out_cache_loc_tensor(out_cache_loc, req_to_token_.device());
+  TORCH_CHECK_VALUE(out_cache_loc.numel() == params_.out_cache_len, kOp, ": extend_lens add up to ",
+                    params_.out_cache_len, " but out_cache_loc has ", out_cache_loc.numel(), " elements");
+  check_no_overlap(req_to_token_, {}, {{"out_cache_loc", &out_cache_loc}});
+  params_.out_cache_loc = out_cache_loc.const_data_ptr<int64_t>();
+  if (!req_to_token_.is_cuda()) {
+    write_on_cpu(params_, table_);
+    return;
+  }
+#ifdef PINSTAGE_WITH_CUDA
+  write_on_cuda(params_, table_, &values_, req_to_token_, {});
+#endif
+}
+
+void write_cache_indices_of_lists(const at::Tensor& req_to_token, at::TensorList prefix_tensors,
+                                  const at::Tensor& out_cache_loc, RequestValues values) {
+  // In the op's order: both tensors' memory, then their dtypes and shapes.
+  check_values_in_memory(req_to_token, "req_to_token");
+  check_values_in_memory(out_cache_loc, "out_cache_loc");
+  check_req_to_token(req_to_token);
+  check_out_cache_loc(out_cache_loc, req_to_token.device());
+  ListCacheWrite(req_to_token, prefix_tensors, out_cache_loc.numel(), std::move(values)).run(out_cache_loc);
 }
 
 namespace {

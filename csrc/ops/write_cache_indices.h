@@ -48,6 +48,31 @@ void write_cache_indices(const at::Tensor& req_to_token, const at::Tensor& req_p
                          const std::optional<at::Tensor>& out_cache_offsets, const at::Tensor& out_cache_loc,
                          const std::optional<at::Tensor>& extend_lens);
 
+// The prefix tensors' addresses and lengths, taken from the tensors (checked, never read).
+struct PrefixTable {
+  std::vector<uint64_t> pointers;
+  std::vector<int64_t> numels;
+};
+
+// A write of columns given as lists (converted into `values`, no offsets) in two steps, for a
+// caller that makes out_cache_loc after the checks (stage_prefill stages it): the constructor checks
+// every request against req_to_token, the prefixes and out_cache_loc's length; run() checks
+// out_cache_loc itself, then runs the loop or launches the kernel on the current stream.
+class ListCacheWrite {
+ public:
+  ListCacheWrite(const at::Tensor& req_to_token, at::TensorList prefix_tensors, int64_t out_cache_len,
+                 RequestValues values);
+  ListCacheWrite(const ListCacheWrite&) = delete;  // params_ points into values_
+  ListCacheWrite& operator=(const ListCacheWrite&) = delete;
+  void run(const at::Tensor& out_cache_loc);
+
+ private:
+  at::Tensor req_to_token_;
+  RequestValues values_;
+  CacheIndexParams params_{};
+  PrefixTable table_;
+};
+
 // pinstage.builders.write_cache_indices's entry for columns given as lists (bindings/module.cpp
 // converts them into `values`, no offsets): the op's checks and kernel, without per-request tensors.
 void write_cache_indices_of_lists(const at::Tensor& req_to_token, at::TensorList prefix_tensors,

@@ -29,11 +29,13 @@ namespace {
 // The most one staging can hold: the largest storage torch can describe.
 constexpr size_t kMaxStagingBytes = static_cast<size_t>(INT64_MAX);
 
-// Runs fn(); an error it raises names stage_many's item `i`, keeping its exception type.
+// Runs fn(); an error it raises names item `i` of the call `api` (none where api is null), keeping
+// its exception type.
 template <class Fn>
-auto for_item(size_t i, bool name_items, Fn&& fn) -> decltype(fn()) {
-  if (!name_items) return fn();
-  return with_error_prefix([i] { return "pinstage.stage_many: item " + std::to_string(i); }, std::forward<Fn>(fn));
+auto for_item(size_t i, const char* api, Fn&& fn) -> decltype(fn()) {
+  if (api == nullptr) return fn();
+  return with_error_prefix([i, api] { return std::string(api) + ": item " + std::to_string(i); },
+                           std::forward<Fn>(fn));
 }
 
 #ifdef PINSTAGE_WITH_CUDA
@@ -61,9 +63,9 @@ at::Tensor typed_view(const at::Tensor& buffer, size_t byte_offset, c10::ScalarT
 
 // Every plan in one ring region (each at an aligned offset), one device allocation mirroring that
 // layout, ONE copy, and a view of it per plan; a single plan gets an allocation of its own dtype.
-std::vector<at::Tensor> stage_on_device(std::vector<ItemPlan>& plans, const Target& target, bool name_items) {
+std::vector<at::Tensor> stage_on_device(std::vector<ItemPlan>& plans, const Target& target, const char* item_api) {
   const c10::cuda::CUDAStream& stream = *target.stream;
-  check_not_capturing(stream, name_items ? "stage_many" : "stage_to_device");
+  check_not_capturing(stream, item_api ? item_api : "stage_to_device");
   // Not skipped when the target is the current device: Python code run by a conversion (the
   // fallback, an element's __index__) may change the current device before the allocation.
   c10::cuda::CUDAGuard device_guard(target.device.index());
@@ -83,7 +85,7 @@ std::vector<at::Tensor> stage_on_device(std::vector<ItemPlan>& plans, const Targ
     size_t fallbacks = 0;
     for (size_t i = 0; i < plans.size(); ++i) {
       uint8_t* dst = plans[i].nbytes > 0 ? region + offsets[i] : nullptr;
-      for_item(i, name_items, [&] { write_item(plans[i], dst); });
+      for_item(i, item_api, [&] { write_item(plans[i], dst); });
       fallbacks += plans[i].via_fallback ? 1 : 0;  // when planned or when written, as stage_on_cpu counts
     }
     return fallbacks;
@@ -105,27 +107,18 @@ std::vector<at::Tensor> stage_on_device(std::vector<ItemPlan>& plans, const Targ
 
 #endif  // PINSTAGE_WITH_CUDA
 
-std::vector<at::Tensor> stage_on_cpu(std::vector<ItemPlan>& plans, bool name_items) {
+std::vector<at::Tensor> stage_on_cpu(std::vector<ItemPlan>& plans, const char* item_api) {
   std::vector<at::Tensor> results;
   results.reserve(plans.size());
   size_t bytes = 0;
   size_t fallbacks = 0;
   for (size_t i = 0; i < plans.size(); ++i) {
-    results.push_back(for_item(i, name_items, [&] { return cpu_values(plans[i]); }));
+    results.push_back(for_item(i, item_api, [&] { return cpu_values(plans[i]); }));
     bytes += plans[i].nbytes;
     fallbacks += plans[i].via_fallback ? 1 : 0;
   }
   cpu_counters().record(bytes, 0, fallbacks);
   return results;
-}
-
-std::vector<at::Tensor> stage_plans(std::vector<ItemPlan>& plans, const Target& target, bool name_items) {
-  if (target.device.is_cpu()) return stage_on_cpu(plans, name_items);
-#ifdef PINSTAGE_WITH_CUDA
-  return stage_on_device(plans, target, name_items);
-#else
-  built_without_cuda(target.device);
-#endif
 }
 
 // stage_into writes into `out` only after every conversion is done, and checks `out` again right
@@ -144,47 +137,62 @@ void check_out_unchanged(const at::Tensor& out, c10::ScalarType dtype, c10::Devi
 
 }  // namespace
 
+std::vector<at::Tensor> stage_plans(std::vector<ItemPlan>& plans, const Target& target, const char* item_api) {
+  if (target.device.is_cpu()) return stage_on_cpu(plans, item_api);
+#ifdef PINSTAGE_WITH_CUDA
+  return stage_on_device(plans, target, item_api);
+#else
+  built_without_cuda(target.device);
+#endif
+}
+
 at::Tensor stage_to_device(PyObject* data, PyObject* dtype_obj, PyObject* stream, PyObject* device) {
   RECORD_USER_SCOPE("pinstage::stage_to_device");  // a range in the torch profiler
   const c10::ScalarType dtype = parse_dtype(dtype_obj, "dtype");
   const Target target = resolve_target(stream, device);
   std::vector<ItemPlan> plans;
   plans.push_back(plan_item(data, dtype));
-  return stage_plans(plans, target, /*name_items=*/false)[0];
+  return stage_plans(plans, target, nullptr)[0];
+}
+
+std::vector<ItemPlan> plan_many(PyObject* items, const char* api, std::vector<THPObjectPtr>& held) {
+  // Python code can run between planning and writing (the torch.tensor fallback; other threads
+  // while on_full="wait" waits) and must not be able to free what the plans point at: each item's
+  // data is held as soon as it is read. A list is read in place, not copied: Python code run by an
+  // item may mutate it, so its length is checked before each item is read, and a pair is read
+  // before any Python code runs for it.
+  TORCH_CHECK_TYPE(PySequence_Check(items), api, ": items must be a sequence of (data, dtype) pairs, got ",
+                   Py_TYPE(items)->tp_name);
+  const std::string not_a_sequence = std::string(api) + ": items must be a sequence";
+  THPObjectPtr seq(checked(PySequence_Fast(items, not_a_sequence.c_str())));
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.get());
+  held.reserve(held.size() + static_cast<size_t>(n));
+  std::vector<ItemPlan> plans;
+  plans.reserve(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    TORCH_CHECK_VALUE(PySequence_Fast_GET_SIZE(seq.get()) == n, api, ": items changed length from ", n, " to ",
+                      PySequence_Fast_GET_SIZE(seq.get()), " while item ", i - 1,
+                      " was converted (Python code it ran mutated the list); nothing was staged");
+    PyObject* pair = PySequence_Fast_GET_ITEM(seq.get(), i);
+    TORCH_CHECK_TYPE((PyTuple_Check(pair) || PyList_Check(pair)) && PySequence_Fast_GET_SIZE(pair) == 2, api,
+                     ": item ", i, " must be a (data, dtype) pair, got ", Py_TYPE(pair)->tp_name);
+    PyObject** fields = PySequence_Fast_ITEMS(pair);
+    held.push_back(THPObjectPtr::dup(fields[0]));
+    PyObject* dtype = fields[1];
+    plans.push_back(
+        for_item(static_cast<size_t>(i), api, [&] { return plan_source(held.back().get(), parse_dtype(dtype, "dtype")); }));
+    finish_plan_in_order(plans, [api](size_t k, auto&& fn) { for_item(k, api, fn); });
+  }
+  return plans;
 }
 
 std::vector<at::Tensor> stage_many(PyObject* items, PyObject* stream, PyObject* device) {
   RECORD_USER_SCOPE("pinstage::stage_many");  // a range in the torch profiler
-  // Python code can run between planning and writing (the torch.tensor fallback; other threads
-  // while on_full="wait" waits) and must not be able to free what the plans point at: each item's
-  // data is held (data_refs) as soon as it is read. A list is read in place, not copied: Python
-  // code run by an item may mutate it, so its length is checked before each item is read, and a
-  // pair is read before any Python code runs for it.
-  TORCH_CHECK_TYPE(PySequence_Check(items),
-                   "pinstage.stage_many: items must be a sequence of (data, dtype) pairs, got ",
-                   Py_TYPE(items)->tp_name);
-  THPObjectPtr seq(checked(PySequence_Fast(items, "pinstage.stage_many: items must be a sequence")));
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.get());
+  constexpr const char* kApi = "pinstage.stage_many";
   const Target target = resolve_target(stream, device);
-  std::vector<THPObjectPtr> data_refs;
-  data_refs.reserve(static_cast<size_t>(n));
-  std::vector<ItemPlan> plans;
-  plans.reserve(static_cast<size_t>(n));
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    TORCH_CHECK_VALUE(PySequence_Fast_GET_SIZE(seq.get()) == n, "pinstage.stage_many: items changed length from ", n,
-                      " to ", PySequence_Fast_GET_SIZE(seq.get()), " while item ", i - 1,
-                      " was converted (Python code it ran mutated the list); nothing was staged");
-    PyObject* pair = PySequence_Fast_GET_ITEM(seq.get(), i);
-    TORCH_CHECK_TYPE((PyTuple_Check(pair) || PyList_Check(pair)) && PySequence_Fast_GET_SIZE(pair) == 2,
-                     "pinstage.stage_many: item ", i, " must be a (data, dtype) pair, got ", Py_TYPE(pair)->tp_name);
-    PyObject** fields = PySequence_Fast_ITEMS(pair);
-    data_refs.push_back(THPObjectPtr::dup(fields[0]));
-    PyObject* dtype = fields[1];
-    plans.push_back(for_item(static_cast<size_t>(i), true,
-                             [&] { return plan_source(data_refs.back().get(), parse_dtype(dtype, "dtype")); }));
-    finish_plan_in_order(plans, [](size_t k, auto&& fn) { for_item(k, true, fn); });
-  }
-  return stage_plans(plans, target, /*name_items=*/true);
+  std::vector<THPObjectPtr> held;
+  std::vector<ItemPlan> plans = plan_many(items, kApi, held);
+  return stage_plans(plans, target, kApi);
 }
 
 void stage_into(PyObject* data, PyObject* out_obj, PyObject* stream) {
@@ -218,7 +226,7 @@ void stage_into(PyObject* data, PyObject* out_obj, PyObject* stream) {
     // Through a temporary: a bad element must leave out as it was.
     std::vector<ItemPlan> plans;
     plans.push_back(std::move(plan));
-    const at::Tensor values = stage_on_cpu(plans, false)[0];
+    const at::Tensor values = stage_on_cpu(plans, nullptr)[0];
     check_out_unchanged(out, dtype, device, out_numel);
     if (plans[0].nbytes > 0) std::memcpy(out.data_ptr(), values.const_data_ptr(), plans[0].nbytes);
     return;

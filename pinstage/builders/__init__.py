@@ -6,15 +6,16 @@ Two shapes that give equal tensors:
 - Builders over a list of request objects (SGLang's shape, drop-in: SGLang's own Req and
   SamplingParams are accepted as they are; protocols.py lists the fields each builder reads): a Python gather plus one
   stage_many.
-A prefill's builders split in two where its values should share one copy with other lists:
-logprob_index_tensors and sampling_fields give the validated host values (and how to assemble the
-result), which the caller stages with the rest in one stage_many.
+A prefill stages everything in one call: stage_prefill takes its lists, the sampling values of
+sampling_fields (validated host values, and how to assemble the SamplingBatch) and the lengths the
+logits indices come from, stages them in one copy and writes the cache rows behind it.
 """
 
 from .batch_state import BatchState
 from .cache import write_cache_indices
 from .decode import DecodeInputs, build_decode_inputs, build_penalty_last_token_ids, last_token_ids
 from .logits import LogprobIndices, build_logprob_indices, logprob_index_tensors
+from .prefill import CacheRows, stage_prefill
 from .protocols import (
     BatchRequest,
     DecodeRequest,
@@ -34,6 +35,7 @@ __all__ = [
     "BATCH_STATE_FIELDS",
     "BatchRequest",
     "BatchState",
+    "CacheRows",
     "DEFAULT_SAMPLING_SEED",
     "DecodeInputs",
     "DecodeRequest",
@@ -57,5 +59,6 @@ __all__ = [
     "last_token_ids",
     "logprob_index_tensors",
     "sampling_fields",
+    "stage_prefill",
     "write_cache_indices",
 ]

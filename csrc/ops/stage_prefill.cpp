@@ -1,0 +1,70 @@
+#include "ops/stage_prefill.h"
+
+#include <ATen/record_function.h>
+
+#include <utility>
+
+#include "convert/dtypes.h"
+#include "ops/logprob_indices.h"
+#include "tensor/stage.h"
+
+#ifdef PINSTAGE_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
+namespace pinstage {
+namespace {
+
+constexpr const char* kApi = "pinstage.builders.stage_prefill";
+
+// A host int64 array the call computed, staged as it is.
+ItemPlan computed_plan(at::Tensor values) {
+  ItemPlan plan;
+  plan.dtype = at::kLong;
+  plan.shape.assign(values.sizes().begin(), values.sizes().end());
+  plan.numel = values.numel();
+  plan.nbytes = static_cast<size_t>(plan.numel) * sizeof(int64_t);
+  plan.source = ItemPlan::Source::kHeld;
+  plan.tensor = std::move(values);
+  return plan;
+}
+
+}  // namespace
+
+std::vector<at::Tensor> stage_prefill(PyObject* items, std::vector<int64_t> extend_lens,
+                                      const std::vector<int64_t>& logprob_starts,
+                                      std::optional<PrefillCacheRows> cache, PyObject* stream, PyObject* device) {
+  RECORD_USER_SCOPE("pinstage::stage_prefill");  // a range in the torch profiler
+  const Target target = resolve_target(stream, device);
+  std::vector<THPObjectPtr> held;
+  std::vector<ItemPlan> plans = plan_many(items, kApi, held);
+  const int64_t item_count = static_cast<int64_t>(plans.size());
+  auto [sample, input_logprob, pruned_lens, kept_rows] = logprob_indices(extend_lens, logprob_starts);
+  for (at::Tensor* t : {&sample, &input_logprob, &pruned_lens, &kept_rows}) plans.push_back(computed_plan(*t));
+  std::optional<ListCacheWrite> cache_write;
+  if (cache) {
+    const int64_t k = cache->out_cache_loc_item;
+    TORCH_CHECK_INDEX(k >= 0 && k < item_count, kApi, ": out_cache_loc is item ", k, " but there are ", item_count,
+                      " items");
+    const ItemPlan& loc = plans[static_cast<size_t>(k)];
+    TORCH_CHECK_TYPE(loc.dtype == at::kLong && loc.shape.size() == 1, kApi, ": out_cache_loc (item ", k,
+                     ") must be staged as 1-D torch.int64, got ", dtype_name(loc.dtype), " of shape ",
+                     c10::IntArrayRef(loc.shape));
+    TORCH_CHECK_VALUE(cache->req_to_token.device() == target.device, kApi, ": req_to_token is on ",
+                      cache->req_to_token.device(), " but the items are staged to ", target.device);
+    cache->values.extend_lens = std::move(extend_lens);
+    cache_write.emplace(cache->req_to_token, cache->prefix_tensors, loc.numel, std::move(cache->values));
+  }
+  std::vector<at::Tensor> staged = stage_plans(plans, target, kApi);
+  if (cache_write) {
+#ifdef PINSTAGE_WITH_CUDA
+    // The kernel reads out_cache_loc behind its copy: on the copy's stream.
+    std::optional<c10::cuda::CUDAStreamGuard> on_copy_stream;
+    if (target.stream) on_copy_stream.emplace(*target.stream);
+#endif
+    cache_write->run(staged[static_cast<size_t>(cache->out_cache_loc_item)]);
+  }
+  return staged;
+}
+
+}  // namespace pinstage

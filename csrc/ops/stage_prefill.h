@@ -1,0 +1,32 @@
+// stage_prefill: a prefill's inputs in one call. The caller's items (prompt lists, sampling values),
+// and the logits processor's four index arrays computed from the extend lengths and logprob starts,
+// in one ring region and one copy; then, where asked, req_to_token's rows written by the cache-index
+// kernel from one of the staged items (out_cache_loc), on the same stream.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <Python.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "ops/write_cache_indices.h"
+
+namespace pinstage {
+
+struct PrefillCacheRows {
+  at::Tensor req_to_token;
+  std::vector<at::Tensor> prefix_tensors;
+  RequestValues values;        // rows, prefix_lens, seq_lens; extend_lens are the call's own
+  int64_t out_cache_loc_item;  // the item that is out_cache_loc (int64, one per new token)
+};
+
+// Returns a tensor per item, then sample_indices, input_logprob_indices, pruned_lens and
+// pruned_row_indices. Every check (the items, the lengths, the cache rows) comes before anything is
+// staged or written.
+std::vector<at::Tensor> stage_prefill(PyObject* items, std::vector<int64_t> extend_lens,
+                                      const std::vector<int64_t>& logprob_starts,
+                                      std::optional<PrefillCacheRows> cache, PyObject* stream, PyObject* device);
+
+}  // namespace pinstage

@@ -1,0 +1,97 @@
+"""stage_prefill: what a prefill stages, in one compiled call. The caller's items (the prompt ids,
+positions, out_cache_loc and other lists, the sampling values of sampling_fields) and the logits
+processor's index tensors (as build_logprob_indices makes them) go into one ring region and one copy;
+where cache rows are given, write_cache_indices then points req_to_token's rows at the prefix slots
+and at the staged out_cache_loc, on the same stream. In a scheduler step each call from Python costs
+what its code takes to come back into the caches (docs/design.md, Measuring in a loop): one call
+instead of four."""
+
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
+
+import torch
+
+import pinstage
+from pinstage import _C
+
+from .._api import Device
+from .cache import IntColumn, write_cache_indices
+from .logits import LogprobIndices, logprob_index_tensors
+
+
+class CacheRows(NamedTuple):
+    """write_cache_indices's arguments (cache.py), but out_cache_loc: the index of the staged item
+    that holds it (int64, one KV slot per new token); extend_lens are stage_prefill's own."""
+
+    req_to_token: torch.Tensor
+    req_pool_indices: IntColumn
+    prefix_tensors: Sequence[torch.Tensor]
+    prefix_lens: IntColumn
+    seq_lens: IntColumn
+    out_cache_loc: int
+
+
+def stage_prefill(
+    items: Sequence[Tuple[Any, torch.dtype]],
+    extend_seq_lens: IntColumn,
+    extend_logprob_start_lens: IntColumn,
+    cache_rows: Optional[CacheRows] = None,
+    *,
+    stream: Optional[torch.cuda.Stream] = None,
+    device: Device = None,
+) -> Tuple[List[torch.Tensor], LogprobIndices]:
+    """([tensor per item, as stage_many gives them], LogprobIndices), staged in one copy; with
+    cache_rows, req_to_token's rows written after it (on its stream). The device: stream's, else
+    `device`, else req_to_token's where cache_rows are given, else stage_many's default.
+
+    Everything is checked before anything is staged or written, with the errors of stage_many (naming
+    the item), build_logprob_indices and write_cache_indices (naming the request), when the
+    per-request columns are lists of Python ints; where one is not (a numpy array, a tensor), the
+    same calls are made one by one, and an error in the cache rows is then raised after the staging
+    (which wastes a ring region; req_to_token is untouched either way).
+    """
+    c = cache_rows
+    if c is not None and stream is None and device is None:
+        device = c.req_to_token.device
+    if c is None:
+        staged = _C._stage_prefill(
+            items, extend_seq_lens, extend_logprob_start_lens, None, None, None, None, None, None, stream, device
+        )
+    else:
+        staged = _C._stage_prefill(
+            items,
+            extend_seq_lens,
+            extend_logprob_start_lens,
+            c.req_to_token,
+            c.req_pool_indices,
+            c.prefix_tensors,
+            c.prefix_lens,
+            c.seq_lens,
+            c.out_cache_loc,
+            stream,
+            device,
+        )
+    if staged is None:  # a column other than a list of Python ints: the builders' checked paths
+        staged = _one_by_one(list(items), extend_seq_lens, extend_logprob_start_lens, c, stream, device)
+    return staged[:-4], LogprobIndices(*staged[-4:])
+
+
+def _one_by_one(
+    items: List[Tuple[Any, torch.dtype]],
+    lens: IntColumn,
+    starts: IntColumn,
+    c: Optional[CacheRows],
+    stream: Optional[torch.cuda.Stream],
+    device: Device,
+) -> List[torch.Tensor]:
+    if c is not None and not (type(c.out_cache_loc) is int and 0 <= c.out_cache_loc < len(items)):
+        raise IndexError(
+            f"pinstage.builders.stage_prefill: out_cache_loc is item {c.out_cache_loc!r} but there are {len(items)} items"
+        )
+    indices = logprob_index_tensors(lens, starts)
+    staged: List[torch.Tensor] = pinstage.stage_many(items + [(t, torch.int64) for t in indices], stream, device=device)
+    if c is not None:
+        loc = staged[c.out_cache_loc]
+        write_cache_indices(
+            c.req_to_token, c.req_pool_indices, c.prefix_tensors, c.prefix_lens, c.seq_lens, lens, loc, stream=stream
+        )
+    return staged
