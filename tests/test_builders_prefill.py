@@ -187,3 +187,32 @@ def test_req_to_token_on_another_device_than_the_items_is_refused(rng):
     with pytest.raises(ValueError, match="req_to_token is on cpu but the items are staged to cuda"):
         stage_prefill([(prefill.locations, torch.int64)], prefill.lens, prefill.starts,
                       prefill.cache_rows()._replace(out_cache_loc=0), device="cuda")
+
+
+class _Resizes:
+    """An int whose conversion resizes a tensor: Python code run while the items are written, after
+    the cache rows were checked."""
+
+    def __init__(self, tensor, shape):
+        self.tensor, self.shape = tensor, shape
+
+    def __index__(self):
+        self.tensor.resize_(self.shape)
+        return 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("target", ["req_to_token", "prefix"])
+def test_a_table_or_prefix_changed_while_the_items_are_written_is_refused(rng, device, target):
+    """Rows checked against the table before the items were written are not written into what it
+    became (a smaller table: out of bounds), nor read from a prefix that changed."""
+    prefill = Prefill(rng, 4, device)
+    prefill.prefix_lens = [2] * 4
+    prefill.prefixes = [torch.arange(8, device=device) for _ in range(4)]
+    prefill.seq_lens = [2 + n for n in prefill.lens]
+    tensor, shape = (prefill.table, (1, 2)) if target == "req_to_token" else (prefill.prefixes[1], (1,))
+    items = [(prefill.ids, torch.int64), ([1, 2, _Resizes(tensor, shape)], torch.int64), (prefill.locations, torch.int64)]
+    with pytest.raises(RuntimeError, match="changed after it was checked"):
+        stage_prefill(items, prefill.lens, prefill.starts, prefill.cache_rows())
+    if target == "prefix":
+        assert (prefill.table == SENTINEL).all(), "req_to_token was written"

@@ -415,7 +415,7 @@ void write_cache_indices(const at::Tensor& req_to_token, const at::Tensor& req_p
 
 ListCacheWrite::ListCacheWrite(const at::Tensor& req_to_token, at::TensorList prefix_tensors, int64_t out_cache_len,
                                RequestValues values)
-    : req_to_token_(req_to_token), values_(std::move(values)) {
+    : req_to_token_(req_to_token), prefix_tensors_(prefix_tensors.vec()), values_(std::move(values)) {
   const int64_t batch = static_cast<int64_t>(values_.rows.size());
   const std::pair<const char*, size_t> per_request[] = {{"prefix_lens", values_.prefix_lens.size()},
                                                         {"seq_lens", values_.seq_lens.size()},
@@ -436,6 +436,17 @@ void ListCacheWrite::run(const at::Tensor& out_cache_loc) {
   TORCH_CHECK_VALUE(out_cache_loc.numel() == params_.out_cache_len, kOp, ": extend_lens add up to ",
                     params_.out_cache_len, " but out_cache_loc has ", out_cache_loc.numel(), " elements");
   check_no_overlap(req_to_token_, {}, {{"out_cache_loc", &out_cache_loc}});
+  const bool same_table = req_to_token_.dim() == 2 && req_to_token_.data_ptr() == params_.req_to_token &&
+                          req_to_token_.size(0) == params_.rows && req_to_token_.size(1) == params_.max_context_len &&
+                          req_to_token_.stride(0) == params_.row_stride && req_to_token_.stride(1) <= 1 &&
+                          req_to_token_.scalar_type() == at::kInt;
+  TORCH_CHECK(same_table, kOp, ": req_to_token changed after it was checked (Python code run meanwhile resized "
+              "or replaced it); nothing was written");
+  for (size_t i = 0; i < prefix_tensors_.size(); ++i) {
+    const at::Tensor& t = prefix_tensors_[i];
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(t.const_data_ptr()) == table_.pointers[i] && t.numel() == table_.numels[i],
+                kOp, ": request ", i, ": its prefix_tensors entry changed after it was checked; nothing was written");
+  }
   params_.out_cache_loc = out_cache_loc.const_data_ptr<int64_t>();
   if (!req_to_token_.is_cuda()) {
     write_on_cpu(params_, table_);

@@ -57,7 +57,9 @@ struct PrefixTable {
 // A write of columns given as lists (converted into `values`, no offsets) in two steps, for a
 // caller that makes out_cache_loc after the checks (stage_prefill stages it): the constructor checks
 // every request against req_to_token, the prefixes and out_cache_loc's length; run() checks
-// out_cache_loc itself, then runs the loop or launches the kernel on the current stream.
+// out_cache_loc itself and that req_to_token and the prefixes still are what was checked (Python
+// code may run in between: a fallback conversion, another thread while the ring waits), then runs
+// the loop or launches the kernel on the current stream.
 class ListCacheWrite {
  public:
   ListCacheWrite(const at::Tensor& req_to_token, at::TensorList prefix_tensors, int64_t out_cache_len,
@@ -68,6 +70,7 @@ class ListCacheWrite {
 
  private:
   at::Tensor req_to_token_;
+  std::vector<at::Tensor> prefix_tensors_;  // held, and checked again by run()
   RequestValues values_;
   CacheIndexParams params_{};
   PrefixTable table_;
