@@ -37,7 +37,9 @@ class Prefill:
         self.ids = [rng.randint(0, 50_000) for _ in range(sum(self.lens))]
         self.positions = [p + i for p, n in zip(self.prefix_lens, self.lens) for i in range(n)]
         self.locations = rng.sample(range(1 << 20), sum(self.lens))
-        self.prefixes = [torch.randint(0, 1 << 20, (p + 2,), dtype=torch.int64, device=device) for p in self.prefix_lens]
+        self.prefixes = [
+            torch.randint(0, 1 << 20, (p + 2,), dtype=torch.int64, device=device) for p in self.prefix_lens
+        ]
         self.params = random_params(rng, bs)
         self.table = torch.full((bs + 3, MAX_CONTEXT_LEN), SENTINEL, dtype=torch.int32, device=device)
 
@@ -53,9 +55,7 @@ class Prefill:
         )
         items = [(self.ids, torch.int64), (self.positions, torch.int64), (self.locations, torch.int64)]
         items += [(values, dtype) for _, values, dtype in fields]
-        staged, indices = stage_prefill(
-            items, column(self.lens), column(self.starts), self.cache_rows(column), **where
-        )
+        staged, indices = stage_prefill(items, column(self.lens), column(self.starts), self.cache_rows(column), **where)
         return staged[0], staged[1], staged[2], indices, make_batch(staged[3:])
 
     def expected_table(self):
@@ -127,9 +127,8 @@ def test_bad_input_raises_and_writes_nothing(rng, column, change, error, message
     starts[2] = change.get("starts", starts[2])
     rows[2] = change.get("rows", rows[2])
     seq[2] = change.get("seq", seq[2])
-    cache = CacheRows(
-        prefill.table, column(rows), prefill.prefixes, column(prefill.prefix_lens), column(seq), change.get("loc_item", 2)
-    )
+    loc_item = change.get("loc_item", 2)
+    cache = CacheRows(prefill.table, column(rows), prefill.prefixes, column(prefill.prefix_lens), column(seq), loc_item)
     with pytest.raises(error, match=message):
         stage_prefill(items, column(lens), column(starts), cache)
     assert (prefill.table == SENTINEL).all(), "req_to_token was written"
@@ -185,8 +184,13 @@ def test_bad_cache_rows_stage_nothing_on_the_gpu(rng):
 def test_req_to_token_on_another_device_than_the_items_is_refused(rng):
     prefill = Prefill(rng, 2, "cpu")
     with pytest.raises(ValueError, match="req_to_token is on cpu but the items are staged to cuda"):
-        stage_prefill([(prefill.locations, torch.int64)], prefill.lens, prefill.starts,
-                      prefill.cache_rows()._replace(out_cache_loc=0), device="cuda")
+        stage_prefill(
+            [(prefill.locations, torch.int64)],
+            prefill.lens,
+            prefill.starts,
+            prefill.cache_rows()._replace(out_cache_loc=0),
+            device="cuda",
+        )
 
 
 class _Resizes:
@@ -211,7 +215,8 @@ def test_a_table_or_prefix_changed_while_the_items_are_written_is_refused(rng, d
     prefill.prefixes = [torch.arange(8, device=device) for _ in range(4)]
     prefill.seq_lens = [2 + n for n in prefill.lens]
     tensor, shape = (prefill.table, (1, 2)) if target == "req_to_token" else (prefill.prefixes[1], (1,))
-    items = [(prefill.ids, torch.int64), ([1, 2, _Resizes(tensor, shape)], torch.int64), (prefill.locations, torch.int64)]
+    resizing = [1, 2, _Resizes(tensor, shape)]
+    items = [(prefill.ids, torch.int64), (resizing, torch.int64), (prefill.locations, torch.int64)]
     with pytest.raises(RuntimeError, match="changed after it was checked"):
         stage_prefill(items, prefill.lens, prefill.starts, prefill.cache_rows())
     if target == "prefix":

@@ -33,7 +33,8 @@ Every item goes into one ring region (each 16-byte aligned) and one device alloc
 one host-to-device copy; the results are views of that allocation with the requested dtypes
 and shapes. An error names the item (`item 3: ...`) and stages nothing.)doc";
 
-inline constexpr const char* kStagePrefillDoc = R"doc(_stage_prefill(items, extend_lens, logprob_starts, req_to_token, req_pool_indices, prefix_tensors, prefix_lens, seq_lens, out_cache_loc, stream, device)
+inline constexpr const char* kStagePrefillDoc =
+    R"doc(_stage_prefill(items, extend_lens, logprob_starts, req_to_token, req_pool_indices, prefix_tensors, prefix_lens, seq_lens, out_cache_loc, stream, device)
 --
 
 pinstage.builders.stage_prefill's compiled call (use that): the items and the four logits index

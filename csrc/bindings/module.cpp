@@ -167,12 +167,12 @@ std::optional<std::vector<int64_t>> int64_list(PyObject* column) {
 // pinstage.builders.stage_prefill's call, all arguments given (None for no cache rows). Returns
 // None, having done nothing, where a per-request column is not a list of Python ints that int64
 // holds: the builder's checked path then names the entry.
-constexpr FastSignature<11> kStagePrefill{"_stage_prefill",
-                                          {"items", "extend_lens", "logprob_starts", "req_to_token",
-                                           "req_pool_indices", "prefix_tensors", "prefix_lens", "seq_lens",
-                                           "out_cache_loc", "stream", "device"},
-                                          11,
-                                          11};
+constexpr FastSignature<11> kStagePrefill{
+    "_stage_prefill",
+    {"items", "extend_lens", "logprob_starts", "req_to_token", "req_pool_indices", "prefix_tensors", "prefix_lens",
+     "seq_lens", "out_cache_loc", "stream", "device"},
+    11,
+    11};
 PyObject* stage_prefill_body(const std::array<PyObject*, 11>& a) {
   std::optional<std::vector<int64_t>> lens = int64_list(a[1]);
   std::optional<std::vector<int64_t>> starts = int64_list(a[2]);
@@ -190,17 +190,20 @@ PyObject* stage_prefill_body(const std::array<PyObject*, 11>& a) {
     prefix_tensors.reserve(static_cast<size_t>(PyTuple_GET_SIZE(prefixes.get())));
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(prefixes.get()); ++i) {
       PyObject* item = PyTuple_GET_ITEM(prefixes.get(), i);
-      TORCH_CHECK_TYPE(is_tensor(item), "write_cache_indices: request ", i, ": prefix_tensors entry must be a tensor, got ",
-                       Py_TYPE(item)->tp_name);
+      TORCH_CHECK_TYPE(is_tensor(item), "write_cache_indices: request ", i,
+                       ": prefix_tensors entry must be a tensor, got ", Py_TYPE(item)->tp_name);
       prefix_tensors.push_back(unpack_tensor(item));
     }
-    TORCH_CHECK_TYPE(PyLong_CheckExact(a[8]), "pinstage.builders.stage_prefill: out_cache_loc must be the index of "
-                     "an item (an int), got ", Py_TYPE(a[8])->tp_name);
+    TORCH_CHECK_TYPE(PyLong_CheckExact(a[8]),
+                     "pinstage.builders.stage_prefill: out_cache_loc must be the index of "
+                     "an item (an int), got ",
+                     Py_TYPE(a[8])->tp_name);
     const long long item = PyLong_AsLongLong(a[8]);
     if (item == -1 && PyErr_Occurred()) throw PythonError();
-    cache.emplace(PrefillCacheRows{unpack_tensor(a[3]), std::move(prefix_tensors),
-                                   RequestValues{std::move(*rows), std::move(*prefix_lens), std::move(*seq_lens), {}, {}},
-                                   static_cast<int64_t>(item)});
+    cache.emplace(
+        PrefillCacheRows{unpack_tensor(a[3]), std::move(prefix_tensors),
+                         RequestValues{std::move(*rows), std::move(*prefix_lens), std::move(*seq_lens), {}, {}},
+                         static_cast<int64_t>(item)});
   }
   std::vector<at::Tensor> tensors = stage_prefill(a[0], std::move(*lens), *starts, std::move(cache), a[9], a[10]);
   THPObjectPtr list(checked(PyList_New(static_cast<Py_ssize_t>(tensors.size()))));

@@ -32,8 +32,8 @@ ItemPlan computed_plan(at::Tensor values) {
 }  // namespace
 
 std::vector<at::Tensor> stage_prefill(PyObject* items, std::vector<int64_t> extend_lens,
-                                      const std::vector<int64_t>& logprob_starts,
-                                      std::optional<PrefillCacheRows> cache, PyObject* stream, PyObject* device) {
+                                      const std::vector<int64_t>& logprob_starts, std::optional<PrefillCacheRows> cache,
+                                      PyObject* stream, PyObject* device) {
   RECORD_USER_SCOPE("pinstage::stage_prefill");  // a range in the torch profiler
   const Target target = resolve_target(stream, device);
   std::vector<THPObjectPtr> held;

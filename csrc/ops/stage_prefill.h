@@ -26,7 +26,7 @@ struct PrefillCacheRows {
 // pruned_row_indices. Every check (the items, the lengths, the cache rows) comes before anything is
 // staged or written.
 std::vector<at::Tensor> stage_prefill(PyObject* items, std::vector<int64_t> extend_lens,
-                                      const std::vector<int64_t>& logprob_starts,
-                                      std::optional<PrefillCacheRows> cache, PyObject* stream, PyObject* device);
+                                      const std::vector<int64_t>& logprob_starts, std::optional<PrefillCacheRows> cache,
+                                      PyObject* stream, PyObject* device);
 
 }  // namespace pinstage

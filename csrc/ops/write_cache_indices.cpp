@@ -440,7 +440,8 @@ void ListCacheWrite::run(const at::Tensor& out_cache_loc) {
                           req_to_token_.size(0) == params_.rows && req_to_token_.size(1) == params_.max_context_len &&
                           req_to_token_.stride(0) == params_.row_stride && req_to_token_.stride(1) <= 1 &&
                           req_to_token_.scalar_type() == at::kInt;
-  TORCH_CHECK(same_table, kOp, ": req_to_token changed after it was checked (Python code run meanwhile resized "
+  TORCH_CHECK(same_table, kOp,
+              ": req_to_token changed after it was checked (Python code run meanwhile resized "
               "or replaced it); nothing was written");
   for (size_t i = 0; i < prefix_tensors_.size(); ++i) {
     const at::Tensor& t = prefix_tensors_[i];

@@ -34,8 +34,7 @@ constexpr size_t kMaxStagingBytes = static_cast<size_t>(INT64_MAX);
 template <class Fn>
 auto for_item(size_t i, const char* api, Fn&& fn) -> decltype(fn()) {
   if (api == nullptr) return fn();
-  return with_error_prefix([i, api] { return std::string(api) + ": item " + std::to_string(i); },
-                           std::forward<Fn>(fn));
+  return with_error_prefix([i, api] { return std::string(api) + ": item " + std::to_string(i); }, std::forward<Fn>(fn));
 }
 
 #ifdef PINSTAGE_WITH_CUDA
@@ -174,13 +173,13 @@ std::vector<ItemPlan> plan_many(PyObject* items, const char* api, std::vector<TH
                       PySequence_Fast_GET_SIZE(seq.get()), " while item ", i - 1,
                       " was converted (Python code it ran mutated the list); nothing was staged");
     PyObject* pair = PySequence_Fast_GET_ITEM(seq.get(), i);
-    TORCH_CHECK_TYPE((PyTuple_Check(pair) || PyList_Check(pair)) && PySequence_Fast_GET_SIZE(pair) == 2, api,
-                     ": item ", i, " must be a (data, dtype) pair, got ", Py_TYPE(pair)->tp_name);
+    TORCH_CHECK_TYPE((PyTuple_Check(pair) || PyList_Check(pair)) && PySequence_Fast_GET_SIZE(pair) == 2, api, ": item ",
+                     i, " must be a (data, dtype) pair, got ", Py_TYPE(pair)->tp_name);
     PyObject** fields = PySequence_Fast_ITEMS(pair);
     held.push_back(THPObjectPtr::dup(fields[0]));
     PyObject* dtype = fields[1];
-    plans.push_back(
-        for_item(static_cast<size_t>(i), api, [&] { return plan_source(held.back().get(), parse_dtype(dtype, "dtype")); }));
+    plans.push_back(for_item(static_cast<size_t>(i), api,
+                             [&] { return plan_source(held.back().get(), parse_dtype(dtype, "dtype")); }));
     finish_plan_in_order(plans, [api](size_t k, auto&& fn) { for_item(k, api, fn); });
   }
   return plans;

@@ -32,8 +32,8 @@ class CacheRows(NamedTuple):
 
 def stage_prefill(
     items: Sequence[Tuple[Any, torch.dtype]],
-    extend_seq_lens: IntColumn,
-    extend_logprob_start_lens: IntColumn,
+    extend_seq_lens: Sequence[int],
+    extend_logprob_start_lens: Sequence[int],
     cache_rows: Optional[CacheRows] = None,
     *,
     stream: Optional[torch.cuda.Stream] = None,
@@ -77,16 +77,15 @@ def stage_prefill(
 
 def _one_by_one(
     items: List[Tuple[Any, torch.dtype]],
-    lens: IntColumn,
-    starts: IntColumn,
+    lens: Sequence[int],
+    starts: Sequence[int],
     c: Optional[CacheRows],
     stream: Optional[torch.cuda.Stream],
     device: Device,
 ) -> List[torch.Tensor]:
     if c is not None and not (type(c.out_cache_loc) is int and 0 <= c.out_cache_loc < len(items)):
-        raise IndexError(
-            f"pinstage.builders.stage_prefill: out_cache_loc is item {c.out_cache_loc!r} but there are {len(items)} items"
-        )
+        where = f"out_cache_loc is item {c.out_cache_loc!r} but there are {len(items)} items"
+        raise IndexError(f"pinstage.builders.stage_prefill: {where}")
     indices = logprob_index_tensors(lens, starts)
     staged: List[torch.Tensor] = pinstage.stage_many(items + [(t, torch.int64) for t in indices], stream, device=device)
     if c is not None:
