@@ -281,6 +281,14 @@ def test_integer_tensors_and_arrays_of_any_width_are_columns(rng):
     assert (empty == SENTINEL).all()  # numpy's empty array is float64: an empty batch all the same
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_table_of_one_column_may_have_any_stride(device):
+    """A column's stride is never used where a row has one slot: such a view is written like any table."""
+    table = torch.full((4, 8), SENTINEL, dtype=torch.int32, device=device)[:, ::8]
+    write_cache_indices(table, [2], [torch.arange(0, device=device)], [0], [1], [1], torch.tensor([5], device=device))
+    assert table[:, 0].tolist() == [SENTINEL, SENTINEL, 5, SENTINEL]
+
+
 def test_req_to_token_must_be_int32_rows():
     table = torch.zeros(4, 8, dtype=torch.int64)
     with pytest.raises(TypeError, match="req_to_token must be torch.int32, got torch.int64"):

@@ -155,6 +155,7 @@ def test_one_copy_and_the_cache_rows_behind_a_busy_stream(rng):
     prefill.stage(stream=stream)  # warm-up; then the table is emptied, so only the timed call can fill it
     stream.synchronize()
     prefill.table.fill_(SENTINEL)
+    stream.wait_stream(torch.cuda.current_stream())  # the fill, on the default stream, comes first
     before = pinstage.stats()
     staged, still_busy = run_while_stream_busy(lambda: prefill.stage(stream=stream), stream)
     after = pinstage.stats()

@@ -23,8 +23,10 @@ struct PrefillCacheRows {
 };
 
 // Returns a tensor per item, then sample_indices, input_logprob_indices, pruned_lens and
-// pruned_row_indices. Every check (the items, the lengths, the cache rows) comes before anything is
-// staged or written.
+// pruned_row_indices. Every check of the arguments (the items, the lengths, the cache rows) comes
+// before anything is staged or written; after the copy was enqueued only the cache rows' own ring
+// region (RingFullError under on_full="error") and the check that req_to_token and the prefixes
+// did not change meanwhile can fail, and then nothing is written.
 std::vector<at::Tensor> stage_prefill(PyObject* items, std::vector<int64_t> extend_lens,
                                       const std::vector<int64_t>& logprob_starts, std::optional<PrefillCacheRows> cache,
                                       PyObject* stream, PyObject* device);

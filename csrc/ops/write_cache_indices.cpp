@@ -10,6 +10,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <initializer_list>
 #include <optional>
 #include <utility>
@@ -208,6 +209,7 @@ void check_out_cache_loc_tensor(const at::Tensor& out_cache_loc, const at::Devic
 // What both entries check and fill: req_to_token (the output) and out_cache_loc, and the number of
 // requests.
 CacheIndexParams checked_target(const at::Tensor& req_to_token, const at::Tensor& out_cache_loc, int64_t batch) {
+  check_values_in_memory(req_to_token, "req_to_token");  // both tensors' memory first
   check_values_in_memory(out_cache_loc, "out_cache_loc");
   CacheIndexParams p = checked_target(req_to_token, batch, out_cache_loc.numel());
   check_out_cache_loc(out_cache_loc, req_to_token.device());
@@ -311,8 +313,11 @@ void write_on_cpu(const CacheIndexParams& p, const PrefixTable& table) {
 // into one ring region that the kernel reads in place (pinned memory is mapped under unified
 // addressing): no copy and no device scratch, and the region is sealed behind the kernel.
 // `tensors`: rows, prefix_lens, seq_lens and offsets as tensors, read only where `checked` is null.
+// `held`, where given, runs once the region is held: under on_full="wait" getting it may release
+// the GIL, and another thread may then change what was checked.
 void write_on_cuda(CacheIndexParams& p, const PrefixTable& table, const RequestValues* checked,
-                   const at::Tensor& req_to_token, std::array<const at::Tensor*, 4> tensors) {
+                   const at::Tensor& req_to_token, std::array<const at::Tensor*, 4> tensors,
+                   const std::function<void()>& held = nullptr) {
   if (p.batch == 0) return;
   const c10::cuda::CUDAGuard guard(req_to_token.device());
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(req_to_token.device().index());
@@ -343,6 +348,7 @@ void write_on_cuda(CacheIndexParams& p, const PrefixTable& table, const RequestV
   }
   StagingRing& ring = ring_for(req_to_token.device().index(), Direction::kToDevice);
   LeaseGuard lease(ring, total);
+  if (held) held();  // an error abandons the region: nothing read it
   size_t offset = 0;
   for (Column& c : columns) {
     if (c.host == nullptr) {
@@ -413,18 +419,28 @@ void write_cache_indices(const at::Tensor& req_to_token, const at::Tensor& req_p
 #endif
 }
 
-ListCacheWrite::ListCacheWrite(const at::Tensor& req_to_token, at::TensorList prefix_tensors, int64_t out_cache_len,
-                               RequestValues values)
-    : req_to_token_(req_to_token), prefix_tensors_(prefix_tensors.vec()), values_(std::move(values)) {
-  const int64_t batch = static_cast<int64_t>(values_.rows.size());
-  const std::pair<const char*, size_t> per_request[] = {{"prefix_lens", values_.prefix_lens.size()},
-                                                        {"seq_lens", values_.seq_lens.size()},
-                                                        {"extend_lens", values_.extend_lens.size()}};
+namespace {
+
+// The lists' lengths against req_pool_indices' (the number of requests), and no offsets given.
+int64_t checked_list_lengths(const RequestValues& values) {
+  const int64_t batch = static_cast<int64_t>(values.rows.size());
+  const std::pair<const char*, size_t> per_request[] = {{"prefix_lens", values.prefix_lens.size()},
+                                                        {"seq_lens", values.seq_lens.size()},
+                                                        {"extend_lens", values.extend_lens.size()}};
   for (const auto& [name, size] : per_request) {
     TORCH_CHECK_VALUE(static_cast<int64_t>(size) == batch, kOp, ": ", name, " has ", size,
                       " entries but req_pool_indices has ", batch);
   }
-  TORCH_CHECK_VALUE(values_.offsets.empty(), kOp, ": the offsets are computed from the lists");
+  TORCH_CHECK_VALUE(values.offsets.empty(), kOp, ": the offsets are computed from the lists");
+  return batch;
+}
+
+}  // namespace
+
+ListCacheWrite::ListCacheWrite(const at::Tensor& req_to_token, at::TensorList prefix_tensors, int64_t out_cache_len,
+                               RequestValues values)
+    : req_to_token_(req_to_token), prefix_tensors_(prefix_tensors.vec()), values_(std::move(values)) {
+  const int64_t batch = checked_list_lengths(values_);
   params_ = checked_target(req_to_token, batch, out_cache_len);
   table_ = prefix_table(prefix_tensors, batch, req_to_token.device());
   check_no_overlap(req_to_token, prefix_tensors, {});
@@ -436,35 +452,37 @@ void ListCacheWrite::run(const at::Tensor& out_cache_loc) {
   TORCH_CHECK_VALUE(out_cache_loc.numel() == params_.out_cache_len, kOp, ": extend_lens add up to ",
                     params_.out_cache_len, " but out_cache_loc has ", out_cache_loc.numel(), " elements");
   check_no_overlap(req_to_token_, {}, {{"out_cache_loc", &out_cache_loc}});
-  const bool same_table = req_to_token_.dim() == 2 && req_to_token_.data_ptr() == params_.req_to_token &&
-                          req_to_token_.size(0) == params_.rows && req_to_token_.size(1) == params_.max_context_len &&
-                          req_to_token_.stride(0) == params_.row_stride && req_to_token_.stride(1) <= 1 &&
-                          req_to_token_.scalar_type() == at::kInt;
-  TORCH_CHECK(same_table, kOp,
-              ": req_to_token changed after it was checked (Python code run meanwhile resized "
-              "or replaced it); nothing was written");
-  for (size_t i = 0; i < prefix_tensors_.size(); ++i) {
-    const at::Tensor& t = prefix_tensors_[i];
-    TORCH_CHECK(reinterpret_cast<uintptr_t>(t.const_data_ptr()) == table_.pointers[i] && t.numel() == table_.numels[i],
-                kOp, ": request ", i, ": its prefix_tensors entry changed after it was checked; nothing was written");
-  }
   params_.out_cache_loc = out_cache_loc.const_data_ptr<int64_t>();
   if (!req_to_token_.is_cuda()) {
+    check_unchanged();
     write_on_cpu(params_, table_);
     return;
   }
 #ifdef PINSTAGE_WITH_CUDA
-  write_on_cuda(params_, table_, &values_, req_to_token_, {});
+  write_on_cuda(params_, table_, &values_, req_to_token_, {}, [this] { check_unchanged(); });
 #endif
+}
+
+void ListCacheWrite::check_unchanged() const {
+  const at::Tensor& t = req_to_token_;
+  const bool same_table = t.dim() == 2 && t.scalar_type() == at::kInt && t.data_ptr() == params_.req_to_token &&
+                          t.size(0) == params_.rows && t.size(1) == params_.max_context_len &&
+                          t.stride(0) == params_.row_stride && (t.size(1) <= 1 || t.stride(1) == 1);
+  TORCH_CHECK(same_table, kOp,
+              ": req_to_token changed after it was checked (Python code run meanwhile resized "
+              "or replaced it); nothing was written");
+  for (size_t i = 0; i < prefix_tensors_.size(); ++i) {
+    const at::Tensor& prefix = prefix_tensors_[i];
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(prefix.const_data_ptr()) == table_.pointers[i] &&
+                    prefix.numel() == table_.numels[i],
+                kOp, ": request ", i, ": its prefix_tensors entry changed after it was checked; nothing was written");
+  }
 }
 
 void write_cache_indices_of_lists(const at::Tensor& req_to_token, at::TensorList prefix_tensors,
                                   const at::Tensor& out_cache_loc, RequestValues values) {
-  // In the op's order: both tensors' memory, then their dtypes and shapes.
-  check_values_in_memory(req_to_token, "req_to_token");
-  check_values_in_memory(out_cache_loc, "out_cache_loc");
-  check_req_to_token(req_to_token);
-  check_out_cache_loc(out_cache_loc, req_to_token.device());
+  // In the op's order: the lists' lengths, then both tensors (ListCacheWrite checks again).
+  checked_target(req_to_token, out_cache_loc, checked_list_lengths(values));
   ListCacheWrite(req_to_token, prefix_tensors, out_cache_loc.numel(), std::move(values)).run(out_cache_loc);
 }
 

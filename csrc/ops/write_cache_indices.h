@@ -69,6 +69,8 @@ class ListCacheWrite {
   void run(const at::Tensor& out_cache_loc);
 
  private:
+  void check_unchanged() const;  // req_to_token and the prefixes are still what was checked
+
   at::Tensor req_to_token_;
   std::vector<at::Tensor> prefix_tensors_;  // held, and checked again by run()
   RequestValues values_;

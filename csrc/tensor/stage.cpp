@@ -64,7 +64,8 @@ at::Tensor typed_view(const at::Tensor& buffer, size_t byte_offset, c10::ScalarT
 // layout, ONE copy, and a view of it per plan; a single plan gets an allocation of its own dtype.
 std::vector<at::Tensor> stage_on_device(std::vector<ItemPlan>& plans, const Target& target, const char* item_api) {
   const c10::cuda::CUDAStream& stream = *target.stream;
-  check_not_capturing(stream, item_api ? item_api : "stage_to_device");
+  // check_not_capturing names the call after "pinstage.".
+  check_not_capturing(stream, item_api ? item_api + std::strlen("pinstage.") : "stage_to_device");
   // Not skipped when the target is the current device: Python code run by a conversion (the
   // fallback, an element's __index__) may change the current device before the allocation.
   c10::cuda::CUDAGuard device_guard(target.device.index());
@@ -188,6 +189,9 @@ std::vector<ItemPlan> plan_many(PyObject* items, const char* api, std::vector<TH
 std::vector<at::Tensor> stage_many(PyObject* items, PyObject* stream, PyObject* device) {
   RECORD_USER_SCOPE("pinstage::stage_many");  // a range in the torch profiler
   constexpr const char* kApi = "pinstage.stage_many";
+  // Items that are no sequence are named before the device is resolved.
+  TORCH_CHECK_TYPE(PySequence_Check(items), kApi, ": items must be a sequence of (data, dtype) pairs, got ",
+                   Py_TYPE(items)->tp_name);
   const Target target = resolve_target(stream, device);
   std::vector<THPObjectPtr> held;
   std::vector<ItemPlan> plans = plan_many(items, kApi, held);

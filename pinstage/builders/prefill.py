@@ -47,7 +47,9 @@ def stage_prefill(
     the item), build_logprob_indices and write_cache_indices (naming the request), when the
     per-request columns are lists of Python ints; where one is not (a numpy array, a tensor), the
     same calls are made one by one, and an error in the cache rows is then raised after the staging
-    (which wastes a ring region; req_to_token is untouched either way).
+    (which wastes a ring region; req_to_token is untouched either way). After the copy only the cache
+    rows' own ring region (RingFullError under on_full="error") and a req_to_token or prefix changed
+    meanwhile (by Python code a conversion ran) can fail; nothing is written then.
     """
     c = cache_rows
     if c is not None and stream is None and device is None:
