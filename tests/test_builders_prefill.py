@@ -119,7 +119,7 @@ def test_without_cache_rows_it_stages_the_items_and_the_indices():
 )
 def test_bad_input_raises_and_writes_nothing(rng, column, change, error, message):
     """Every check comes before the cache rows are written: req_to_token keeps every cell. (On the
-    list path nothing is staged either: tests/test_builders_prefill.py's CUDA case counts copies.)"""
+    list path nothing is staged either: the CUDA case below counts copies.)"""
     prefill = Prefill(rng, 5, "cpu")
     items = [(prefill.ids, torch.int64), (change.get("item", [1]), torch.int64), (prefill.locations, torch.int64)]
     lens, starts, rows, seq = list(prefill.lens), list(prefill.starts), list(prefill.rows), list(prefill.seq_lens)

@@ -164,6 +164,21 @@ std::optional<std::vector<int64_t>> int64_list(PyObject* column) {
   return values;
 }
 
+// write_cache_indices' prefix_tensors (a sequence of tensors), read into a tuple first: the
+// caller's list could change meanwhile in another thread.
+std::vector<at::Tensor> prefix_tensor_list(PyObject* prefix_tensors) {
+  THPObjectPtr items(checked(PySequence_Tuple(prefix_tensors)));
+  std::vector<at::Tensor> out;
+  out.reserve(static_cast<size_t>(PyTuple_GET_SIZE(items.get())));
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(items.get()); ++i) {
+    PyObject* item = PyTuple_GET_ITEM(items.get(), i);
+    TORCH_CHECK_TYPE(is_tensor(item), "write_cache_indices: request ", i,
+                     ": prefix_tensors entry must be a tensor, got ", Py_TYPE(item)->tp_name);
+    out.push_back(unpack_tensor(item));
+  }
+  return out;
+}
+
 // pinstage.builders.stage_prefill's call, all arguments given (None for no cache rows). Returns
 // None, having done nothing, where a per-request column is not a list of Python ints that int64
 // holds: the builder's checked path then names the entry.
@@ -185,15 +200,7 @@ PyObject* stage_prefill_body(const std::array<PyObject*, 11>& a) {
     std::optional<std::vector<int64_t>> prefix_lens = int64_list(a[6]);
     std::optional<std::vector<int64_t>> seq_lens = int64_list(a[7]);
     if (!rows || !prefix_lens || !seq_lens) Py_RETURN_NONE;
-    THPObjectPtr prefixes(checked(PySequence_Tuple(a[5])));
-    std::vector<at::Tensor> prefix_tensors;
-    prefix_tensors.reserve(static_cast<size_t>(PyTuple_GET_SIZE(prefixes.get())));
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(prefixes.get()); ++i) {
-      PyObject* item = PyTuple_GET_ITEM(prefixes.get(), i);
-      TORCH_CHECK_TYPE(is_tensor(item), "write_cache_indices: request ", i,
-                       ": prefix_tensors entry must be a tensor, got ", Py_TYPE(item)->tp_name);
-      prefix_tensors.push_back(unpack_tensor(item));
-    }
+    std::vector<at::Tensor> prefix_tensors = prefix_tensor_list(a[5]);
     TORCH_CHECK_TYPE(PyLong_CheckExact(a[8]),
                      "pinstage.builders.stage_prefill: out_cache_loc must be the index of "
                      "an item (an int), got ",
@@ -436,14 +443,7 @@ PYBIND11_MODULE(_C, m) {
           *into[c] = std::move(*column);
         }
       }
-      const py::tuple items = py::tuple(py::reinterpret_borrow<py::object>(prefix_tensors));
-      std::vector<at::Tensor> prefixes;
-      prefixes.reserve(items.size());
-      for (size_t i = 0; i < items.size(); ++i) {
-        TORCH_CHECK_TYPE(is_tensor(items[i].ptr()), "write_cache_indices: request ", i,
-                         ": prefix_tensors entry must be a tensor, got ", Py_TYPE(items[i].ptr())->tp_name);
-        prefixes.push_back(unpack_tensor(items[i].ptr()));
-      }
+      const std::vector<at::Tensor> prefixes = prefix_tensor_list(prefix_tensors.ptr());
       std::array<at::Tensor, 4> tensors;
       for (size_t c = 0; c < 4 && !lists; ++c) tensors[c] = unpack_tensor(given[c].ptr());
       GilReleasedIfHeld no_gil;  // as torch releases it for an op: the kernel reads no Python object

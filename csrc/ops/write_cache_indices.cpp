@@ -438,10 +438,12 @@ int64_t checked_list_lengths(const RequestValues& values) {
 }  // namespace
 
 ListCacheWrite::ListCacheWrite(const at::Tensor& req_to_token, at::TensorList prefix_tensors, int64_t out_cache_len,
-                               RequestValues values)
+                               RequestValues values, const at::Tensor* out_cache_loc)
     : req_to_token_(req_to_token), prefix_tensors_(prefix_tensors.vec()), values_(std::move(values)) {
   const int64_t batch = checked_list_lengths(values_);
-  params_ = checked_target(req_to_token, batch, out_cache_len);
+  // In the op's order: the lists' lengths, then req_to_token and out_cache_loc where it exists.
+  params_ = out_cache_loc ? checked_target(req_to_token, *out_cache_loc, batch)
+                          : checked_target(req_to_token, batch, out_cache_len);
   table_ = prefix_table(prefix_tensors, batch, req_to_token.device());
   check_no_overlap(req_to_token, prefix_tensors, {});
   check_on_host(params_, table_, values_, /*given=*/false);
@@ -481,9 +483,8 @@ void ListCacheWrite::check_unchanged() const {
 
 void write_cache_indices_of_lists(const at::Tensor& req_to_token, at::TensorList prefix_tensors,
                                   const at::Tensor& out_cache_loc, RequestValues values) {
-  // In the op's order: the lists' lengths, then both tensors (ListCacheWrite checks again).
-  checked_target(req_to_token, out_cache_loc, checked_list_lengths(values));
-  ListCacheWrite(req_to_token, prefix_tensors, out_cache_loc.numel(), std::move(values)).run(out_cache_loc);
+  ListCacheWrite(req_to_token, prefix_tensors, out_cache_loc.numel(), std::move(values), &out_cache_loc)
+      .run(out_cache_loc);
 }
 
 namespace {

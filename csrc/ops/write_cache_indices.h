@@ -62,8 +62,9 @@ struct PrefixTable {
 // the loop or launches the kernel on the current stream.
 class ListCacheWrite {
  public:
+  // out_cache_loc: where it exists already, checked here too (else by run() alone).
   ListCacheWrite(const at::Tensor& req_to_token, at::TensorList prefix_tensors, int64_t out_cache_len,
-                 RequestValues values);
+                 RequestValues values, const at::Tensor* out_cache_loc = nullptr);
   ListCacheWrite(const ListCacheWrite&) = delete;  // params_ points into values_
   ListCacheWrite& operator=(const ListCacheWrite&) = delete;
   void run(const at::Tensor& out_cache_loc);

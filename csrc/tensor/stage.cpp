@@ -163,8 +163,7 @@ std::vector<ItemPlan> plan_many(PyObject* items, const char* api, std::vector<TH
   // before any Python code runs for it.
   TORCH_CHECK_TYPE(PySequence_Check(items), api, ": items must be a sequence of (data, dtype) pairs, got ",
                    Py_TYPE(items)->tp_name);
-  const std::string not_a_sequence = std::string(api) + ": items must be a sequence";
-  THPObjectPtr seq(checked(PySequence_Fast(items, not_a_sequence.c_str())));
+  THPObjectPtr seq(checked(PySequence_Fast(items, "items must be a sequence")));  // checked just above
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.get());
   held.reserve(held.size() + static_cast<size_t>(n));
   std::vector<ItemPlan> plans;

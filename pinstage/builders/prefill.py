@@ -30,6 +30,9 @@ class CacheRows(NamedTuple):
     out_cache_loc: int
 
 
+_NO_CACHE_ROWS = (None,) * len(CacheRows._fields)  # _stage_prefill's cache arguments without cache rows
+
+
 def stage_prefill(
     items: Sequence[Tuple[Any, torch.dtype]],
     extend_seq_lens: Sequence[int],
@@ -54,26 +57,11 @@ def stage_prefill(
     c = cache_rows
     if c is not None and stream is None and device is None:
         device = c.req_to_token.device
-    if c is None:
-        staged = _C._stage_prefill(
-            items, extend_seq_lens, extend_logprob_start_lens, None, None, None, None, None, None, stream, device
-        )
-    else:
-        staged = _C._stage_prefill(
-            items,
-            extend_seq_lens,
-            extend_logprob_start_lens,
-            c.req_to_token,
-            c.req_pool_indices,
-            c.prefix_tensors,
-            c.prefix_lens,
-            c.seq_lens,
-            c.out_cache_loc,
-            stream,
-            device,
-        )
+    table, rows, prefixes, prefix_lens, seq_lens, loc = _NO_CACHE_ROWS if c is None else c
+    lens, starts = extend_seq_lens, extend_logprob_start_lens
+    staged = _C._stage_prefill(items, lens, starts, table, rows, prefixes, prefix_lens, seq_lens, loc, stream, device)
     if staged is None:  # a column other than a list of Python ints: the builders' checked paths
-        staged = _one_by_one(list(items), extend_seq_lens, extend_logprob_start_lens, c, stream, device)
+        staged = _one_by_one(list(items), lens, starts, c, stream, device)
     return staged[:-4], LogprobIndices(*staged[-4:])
 
 
