@@ -86,7 +86,11 @@ elif has tests; then
 fi
 if has tests || has collect; then
   end=$(( $(date +%s) + ${TESTS_SECONDS:-540} ))
-  until grep -q "^test command exit:" "$log" 2>/dev/null || [ "$(date +%s)" -ge "$end" ]; do sleep 5; done
+  # Copied on each look, so that a lease cut short still brings back how far the tests got.
+  until grep -q "^test command exit:" "$log" 2>/dev/null || [ "$(date +%s)" -ge "$end" ]; do
+    cp "$log" "$OUT/tests.log" 2>/dev/null
+    sleep 5
+  done
   cp "$log" "$OUT/tests.log" 2>/dev/null
   if grep -q "^test command exit:" "$log"; then
     summary tests
