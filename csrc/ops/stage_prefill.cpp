@@ -15,7 +15,7 @@
 namespace pinstage {
 namespace {
 
-constexpr const char* kApi = "pinstage.builders.stage_prefill";
+constexpr const char* kApi = "builders.stage_prefill";  // messages add "pinstage."
 
 // A host int64 array the call computed, staged as it is.
 ItemPlan computed_plan(at::Tensor values) {
@@ -44,13 +44,13 @@ std::vector<at::Tensor> stage_prefill(PyObject* items, std::vector<int64_t> exte
   std::optional<ListCacheWrite> cache_write;
   if (cache) {
     const int64_t k = cache->out_cache_loc_item;
-    TORCH_CHECK_INDEX(k >= 0 && k < item_count, kApi, ": out_cache_loc is item ", k, " but there are ", item_count,
-                      " items");
+    TORCH_CHECK_INDEX(k >= 0 && k < item_count, "pinstage.", kApi, ": out_cache_loc is item ", k, " but there are ",
+                      item_count, " items");
     const ItemPlan& loc = plans[static_cast<size_t>(k)];
-    TORCH_CHECK_TYPE(loc.dtype == at::kLong && loc.shape.size() == 1, kApi, ": out_cache_loc (item ", k,
+    TORCH_CHECK_TYPE(loc.dtype == at::kLong && loc.shape.size() == 1, "pinstage.", kApi, ": out_cache_loc (item ", k,
                      ") must be staged as 1-D torch.int64, got ", dtype_name(loc.dtype), " of shape ",
                      c10::IntArrayRef(loc.shape));
-    TORCH_CHECK_VALUE(cache->req_to_token.device() == target.device, kApi, ": req_to_token is on ",
+    TORCH_CHECK_VALUE(cache->req_to_token.device() == target.device, "pinstage.", kApi, ": req_to_token is on ",
                       cache->req_to_token.device(), " but the items are staged to ", target.device);
     cache->values.extend_lens = std::move(extend_lens);
     cache_write.emplace(cache->req_to_token, cache->prefix_tensors, loc.numel, std::move(cache->values));

@@ -29,12 +29,13 @@ namespace {
 // The most one staging can hold: the largest storage torch can describe.
 constexpr size_t kMaxStagingBytes = static_cast<size_t>(INT64_MAX);
 
-// Runs fn(); an error it raises names item `i` of the call `api` (none where api is null), keeping
-// its exception type.
+// Runs fn(); an error it raises names item `i` of the call `pinstage.<api>` (none where api is null),
+// keeping its exception type.
 template <class Fn>
 auto for_item(size_t i, const char* api, Fn&& fn) -> decltype(fn()) {
   if (api == nullptr) return fn();
-  return with_error_prefix([i, api] { return std::string(api) + ": item " + std::to_string(i); }, std::forward<Fn>(fn));
+  return with_error_prefix([i, api] { return std::string("pinstage.") + api + ": item " + std::to_string(i); },
+                           std::forward<Fn>(fn));
 }
 
 #ifdef PINSTAGE_WITH_CUDA
@@ -64,8 +65,7 @@ at::Tensor typed_view(const at::Tensor& buffer, size_t byte_offset, c10::ScalarT
 // layout, ONE copy, and a view of it per plan; a single plan gets an allocation of its own dtype.
 std::vector<at::Tensor> stage_on_device(std::vector<ItemPlan>& plans, const Target& target, const char* item_api) {
   const c10::cuda::CUDAStream& stream = *target.stream;
-  // check_not_capturing names the call after "pinstage.".
-  check_not_capturing(stream, item_api ? item_api + std::strlen("pinstage.") : "stage_to_device");
+  check_not_capturing(stream, item_api ? item_api : "stage_to_device");
   // Not skipped when the target is the current device: Python code run by a conversion (the
   // fallback, an element's __index__) may change the current device before the allocation.
   c10::cuda::CUDAGuard device_guard(target.device.index());
@@ -161,7 +161,7 @@ std::vector<ItemPlan> plan_many(PyObject* items, const char* api, std::vector<TH
   // data is held as soon as it is read. A list is read in place, not copied: Python code run by an
   // item may mutate it, so its length is checked before each item is read, and a pair is read
   // before any Python code runs for it.
-  TORCH_CHECK_TYPE(PySequence_Check(items), api, ": items must be a sequence of (data, dtype) pairs, got ",
+  TORCH_CHECK_TYPE(PySequence_Check(items), "pinstage.", api, ": items must be a sequence of (data, dtype) pairs, got ",
                    Py_TYPE(items)->tp_name);
   THPObjectPtr seq(checked(PySequence_Fast(items, "items must be a sequence")));  // checked just above
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.get());
@@ -169,12 +169,12 @@ std::vector<ItemPlan> plan_many(PyObject* items, const char* api, std::vector<TH
   std::vector<ItemPlan> plans;
   plans.reserve(static_cast<size_t>(n));
   for (Py_ssize_t i = 0; i < n; ++i) {
-    TORCH_CHECK_VALUE(PySequence_Fast_GET_SIZE(seq.get()) == n, api, ": items changed length from ", n, " to ",
-                      PySequence_Fast_GET_SIZE(seq.get()), " while item ", i - 1,
+    TORCH_CHECK_VALUE(PySequence_Fast_GET_SIZE(seq.get()) == n, "pinstage.", api, ": items changed length from ", n,
+                      " to ", PySequence_Fast_GET_SIZE(seq.get()), " while item ", i - 1,
                       " was converted (Python code it ran mutated the list); nothing was staged");
     PyObject* pair = PySequence_Fast_GET_ITEM(seq.get(), i);
-    TORCH_CHECK_TYPE((PyTuple_Check(pair) || PyList_Check(pair)) && PySequence_Fast_GET_SIZE(pair) == 2, api, ": item ",
-                     i, " must be a (data, dtype) pair, got ", Py_TYPE(pair)->tp_name);
+    TORCH_CHECK_TYPE((PyTuple_Check(pair) || PyList_Check(pair)) && PySequence_Fast_GET_SIZE(pair) == 2, "pinstage.",
+                     api, ": item ", i, " must be a (data, dtype) pair, got ", Py_TYPE(pair)->tp_name);
     PyObject** fields = PySequence_Fast_ITEMS(pair);
     held.push_back(THPObjectPtr::dup(fields[0]));
     PyObject* dtype = fields[1];
@@ -187,10 +187,10 @@ std::vector<ItemPlan> plan_many(PyObject* items, const char* api, std::vector<TH
 
 std::vector<at::Tensor> stage_many(PyObject* items, PyObject* stream, PyObject* device) {
   RECORD_USER_SCOPE("pinstage::stage_many");  // a range in the torch profiler
-  constexpr const char* kApi = "pinstage.stage_many";
+  constexpr const char* kApi = "stage_many";  // messages add "pinstage."
   // Items that are no sequence are named before the device is resolved.
-  TORCH_CHECK_TYPE(PySequence_Check(items), kApi, ": items must be a sequence of (data, dtype) pairs, got ",
-                   Py_TYPE(items)->tp_name);
+  TORCH_CHECK_TYPE(PySequence_Check(items), "pinstage.", kApi,
+                   ": items must be a sequence of (data, dtype) pairs, got ", Py_TYPE(items)->tp_name);
   const Target target = resolve_target(stream, device);
   std::vector<THPObjectPtr> held;
   std::vector<ItemPlan> plans = plan_many(items, kApi, held);

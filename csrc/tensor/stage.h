@@ -20,8 +20,9 @@ void stage_into(PyObject* data, PyObject* out, PyObject* stream);
 
 // stage_many's two halves, for calls that stage more with the caller's items. plan_many plans each
 // (data, dtype) pair of `items` in order, holding its data in `held` for the call; errors name the
-// item and `api`. stage_plans stages the plans on `target` (one ring region and one copy on a
-// device) and returns a tensor per plan; errors while writing name the item where api is not null.
+// item and the call, `pinstage.<api>` (api is the short name, as "stage_many"). stage_plans stages the plans on
+// `target` (one ring region and one copy on a device) and returns a tensor per plan; errors while writing name the item
+// where api is not null.
 std::vector<ItemPlan> plan_many(PyObject* items, const char* api, std::vector<THPObjectPtr>& held);
 std::vector<at::Tensor> stage_plans(std::vector<ItemPlan>& plans, const Target& target, const char* item_api);
 
