@@ -222,3 +222,44 @@ def test_a_table_or_prefix_changed_while_the_items_are_written_is_refused(rng, d
         stage_prefill(items, prefill.lens, prefill.starts, prefill.cache_rows())
     if target == "prefix":
         assert (prefill.table == SENTINEL).all(), "req_to_token was written"
+
+
+class _RemakesStorage:
+    """An int whose conversion frees a tensor's storage and makes it again with `nbytes` in `pool`,
+    where the tensor alone was made: the allocator hands back the same address, so only the
+    storage's size tells that it changed."""
+
+    def __init__(self, tensor, nbytes, pool):
+        self.tensor, self.nbytes, self.pool = tensor, nbytes, pool
+        self.same_address = None
+
+    def __index__(self):
+        before = self.tensor.data_ptr()
+        with torch.cuda.use_mem_pool(self.pool):
+            self.tensor.untyped_storage().resize_(0)
+            self.tensor.untyped_storage().resize_(self.nbytes)
+        self.same_address = self.tensor.data_ptr() == before
+        return 1
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("target", ["req_to_token", "prefix"])
+def test_a_storage_remade_smaller_at_the_same_address_is_refused(rng, target):
+    """Address, shape and strides unchanged, but the storage no longer holds the tensor: nothing is
+    written into or read from past its end."""
+    prefill = Prefill(rng, 4, "cuda")
+    prefill.prefix_lens = [2] * 4
+    prefill.seq_lens = [2 + n for n in prefill.lens]
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):  # the pool's one tensor: its block is the one handed back
+        if target == "req_to_token":
+            prefill.table = prefill.table.clone()
+            tensor = prefill.table
+        else:
+            tensor = torch.arange(8, device="cuda")
+    prefill.prefixes = [tensor if (target == "prefix" and i == 1) else torch.arange(8, device="cuda") for i in range(4)]
+    remake = _RemakesStorage(tensor, 8, pool)
+    items = [(prefill.ids, torch.int64), ([1, 2, remake], torch.int64), (prefill.locations, torch.int64)]
+    with pytest.raises(RuntimeError, match="changed after it was checked"):
+        stage_prefill(items, prefill.lens, prefill.starts, prefill.cache_rows())
+    assert remake.same_address, "the storage was remade elsewhere: the case this test is for did not arise"

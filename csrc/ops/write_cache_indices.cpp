@@ -469,14 +469,15 @@ void ListCacheWrite::check_unchanged() const {
   const at::Tensor& t = req_to_token_;
   const bool same_table = t.dim() == 2 && t.scalar_type() == at::kInt && t.data_ptr() == params_.req_to_token &&
                           t.size(0) == params_.rows && t.size(1) == params_.max_context_len &&
-                          t.stride(0) == params_.row_stride && (t.size(1) <= 1 || t.stride(1) == 1);
+                          t.stride(0) == params_.row_stride && (t.size(1) <= 1 || t.stride(1) == 1) &&
+                          storage_covers(t);  // a storage freed and remade smaller may reuse the address
   TORCH_CHECK(same_table, kOp,
               ": req_to_token changed after it was checked (Python code run meanwhile resized "
               "or replaced it); nothing was written");
   for (size_t i = 0; i < prefix_tensors_.size(); ++i) {
     const at::Tensor& prefix = prefix_tensors_[i];
     TORCH_CHECK(reinterpret_cast<uintptr_t>(prefix.const_data_ptr()) == table_.pointers[i] &&
-                    prefix.numel() == table_.numels[i],
+                    prefix.numel() == table_.numels[i] && storage_covers(prefix),
                 kOp, ": request ", i, ": its prefix_tensors entry changed after it was checked; nothing was written");
   }
 }

@@ -52,7 +52,10 @@ def stage_prefill(
     same calls are made one by one, and an error in the cache rows is then raised after the staging
     (which wastes a ring region; req_to_token is untouched either way). After the copy only the cache
     rows' own ring region (RingFullError under on_full="error") and a req_to_token or prefix changed
-    meanwhile (by Python code a conversion ran) can fail; nothing is written then.
+    meanwhile (by Python code a conversion ran) can fail; nothing is written then. The kernel reads
+    the prefix tensors and writes req_to_token on `stream`: as with any op there, freeing them after
+    the call is safe where their memory is reused on that stream, not where another stream reuses it
+    first (record_stream them, or keep them).
     """
     c = cache_rows
     if c is not None and stream is None and device is None:
