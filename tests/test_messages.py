@@ -12,7 +12,7 @@ import torch
 from support import ROOT
 
 import pinstage
-from pinstage.builders import Request, SamplingParams, build_decode_inputs, build_sampling_batch
+from pinstage.builders import Request, SamplingParams, build_decode_inputs, build_sampling_batch, stage_prefill
 
 
 def test_a_bad_seed_names_the_request_and_the_field():
@@ -124,6 +124,20 @@ def test_a_dtype_that_is_not_a_torch_dtype_is_named_with_its_torch_counterpart(d
         pinstage.stage_many([([1], torch.int64), ([1], dtype)])
     with pytest.raises(TypeError, match=r"pinstage: Field dtype must be a torch.dtype, " + said):
         pinstage.Field(dtype)  # at construction, not when a StaticInputs is built from it
+
+
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda items: pinstage.stage_many(items, device="cuda:63"), "pinstage.stage_many"),
+        (lambda items: stage_prefill(items, [], [], device="cuda:63"), "pinstage.builders.stage_prefill"),
+    ],
+    ids=["stage_many", "stage_prefill"],
+)
+def test_items_that_are_no_sequence_are_named_before_the_device(call, name):
+    """A device that does not exist (no GPU has 64 devices) would raise too: the items come first."""
+    with pytest.raises(TypeError, match=rf"^{name}: items must be a sequence of \(data, dtype\) pairs, got int$"):
+        call(5)
 
 
 def test_ring_full_error_is_a_runtime_error_engines_can_catch():

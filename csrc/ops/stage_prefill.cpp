@@ -35,6 +35,7 @@ std::vector<at::Tensor> stage_prefill(PyObject* items, std::vector<int64_t> exte
                                       const std::vector<int64_t>& logprob_starts, std::optional<PrefillCacheRows> cache,
                                       PyObject* stream, PyObject* device) {
   RECORD_USER_SCOPE("pinstage::stage_prefill");  // a range in the torch profiler
+  check_items_sequence(items, kApi);
   const Target target = resolve_target(stream, device);
   std::vector<THPObjectPtr> held;
   std::vector<ItemPlan> plans = plan_many(items, kApi, held);

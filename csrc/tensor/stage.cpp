@@ -155,15 +155,18 @@ at::Tensor stage_to_device(PyObject* data, PyObject* dtype_obj, PyObject* stream
   return stage_plans(plans, target, nullptr)[0];
 }
 
+void check_items_sequence(PyObject* items, const char* api) {
+  TORCH_CHECK_TYPE(PySequence_Check(items), "pinstage.", api, ": items must be a sequence of (data, dtype) pairs, got ",
+                   Py_TYPE(items)->tp_name);
+}
+
 std::vector<ItemPlan> plan_many(PyObject* items, const char* api, std::vector<THPObjectPtr>& held) {
   // Python code can run between planning and writing (the torch.tensor fallback; other threads
   // while on_full="wait" waits) and must not be able to free what the plans point at: each item's
   // data is held as soon as it is read. A list is read in place, not copied: Python code run by an
   // item may mutate it, so its length is checked before each item is read, and a pair is read
   // before any Python code runs for it.
-  TORCH_CHECK_TYPE(PySequence_Check(items), "pinstage.", api, ": items must be a sequence of (data, dtype) pairs, got ",
-                   Py_TYPE(items)->tp_name);
-  THPObjectPtr seq(checked(PySequence_Fast(items, "items must be a sequence")));  // checked just above
+  THPObjectPtr seq(checked(PySequence_Fast(items, "items must be a sequence")));  // check_items_sequence'd
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.get());
   held.reserve(held.size() + static_cast<size_t>(n));
   std::vector<ItemPlan> plans;
@@ -188,9 +191,7 @@ std::vector<ItemPlan> plan_many(PyObject* items, const char* api, std::vector<TH
 std::vector<at::Tensor> stage_many(PyObject* items, PyObject* stream, PyObject* device) {
   RECORD_USER_SCOPE("pinstage::stage_many");  // a range in the torch profiler
   constexpr const char* kApi = "stage_many";  // messages add "pinstage."
-  // Items that are no sequence are named before the device is resolved.
-  TORCH_CHECK_TYPE(PySequence_Check(items), "pinstage.", kApi,
-                   ": items must be a sequence of (data, dtype) pairs, got ", Py_TYPE(items)->tp_name);
+  check_items_sequence(items, kApi);
   const Target target = resolve_target(stream, device);
   std::vector<THPObjectPtr> held;
   std::vector<ItemPlan> plans = plan_many(items, kApi, held);

@@ -18,11 +18,13 @@ std::vector<at::Tensor> stage_many(PyObject* items, PyObject* stream, PyObject* 
 // Fills the tensor `out` (a torch.Tensor object); the binding hands the caller's object back.
 void stage_into(PyObject* data, PyObject* out, PyObject* stream);
 
-// stage_many's two halves, for calls that stage more with the caller's items. plan_many plans each
-// (data, dtype) pair of `items` in order, holding its data in `held` for the call; errors name the
-// item and the call, `pinstage.<api>` (api is the short name, as "stage_many"). stage_plans stages the plans on
-// `target` (one ring region and one copy on a device) and returns a tensor per plan; errors while writing name the item
-// where api is not null.
+// stage_many's parts, for calls that stage more with the caller's items. check_items_sequence
+// names items that are no sequence; callers run it before resolving the device, so that bad items
+// are named first. plan_many plans each (data, dtype) pair of `items` in order, holding its data in
+// `held` for the call; errors name the item and the call, `pinstage.<api>` (api is the short name,
+// as "stage_many"). stage_plans stages the plans on `target` (one ring region and one copy on a
+// device) and returns a tensor per plan; errors while writing name the item where api is not null.
+void check_items_sequence(PyObject* items, const char* api);
 std::vector<ItemPlan> plan_many(PyObject* items, const char* api, std::vector<THPObjectPtr>& held);
 std::vector<at::Tensor> stage_plans(std::vector<ItemPlan>& plans, const Target& target, const char* item_api);
 
