@@ -98,11 +98,13 @@ def test_sampling_values_from_the_joining_requests_batch_state(rng, device):
     prefill.assert_equals_the_builders(prefill.stage(sampling_source=joining, device=device))
 
 
-def test_without_cache_rows_it_stages_the_items_and_the_indices():
-    staged, indices = stage_prefill([([1, 2, 3], torch.int64), ([0.5], torch.float32)], [4, 5, 6], [0, 5, 3])
-    assert_same_tensor(staged[0], torch.tensor([1, 2, 3]), "item 0")
-    assert_same_tensor(staged[1], torch.tensor([0.5]), "item 1")
-    assert_fields_equal(indices, build_logprob_indices([4, 5, 6], [0, 5, 3]))
+@pytest.mark.parametrize("device", DEVICES)
+def test_without_cache_rows_it_stages_the_items_and_the_indices(device):
+    items = [([1, 2, 3], torch.int64), ([0.5], torch.float32)]
+    staged, indices = stage_prefill(items, [4, 5, 6], [0, 5, 3], device=device)
+    assert_same_tensor(staged[0], torch.tensor([1, 2, 3], device=device), "item 0")
+    assert_same_tensor(staged[1], torch.tensor([0.5], device=device), "item 1")
+    assert_fields_equal(indices, build_logprob_indices([4, 5, 6], [0, 5, 3], device=device))
 
 
 @pytest.mark.parametrize("column", [list, np.array])
