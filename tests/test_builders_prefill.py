@@ -196,16 +196,35 @@ def test_req_to_token_on_another_device_than_the_items_is_refused(rng):
         )
 
 
-class _Resizes:
-    """An int whose conversion resizes a tensor: Python code run while the items are written, after
+class _RunsWhenConverted:
+    """An int whose conversion runs `change()`: Python code run while the items are written, after
     the cache rows were checked."""
 
-    def __init__(self, tensor, shape):
-        self.tensor, self.shape = tensor, shape
+    def __init__(self, change):
+        self.change = change
 
     def __index__(self):
-        self.tensor.resize_(self.shape)
+        self.change()
         return 1
+
+
+def _prefill_with_prefixes(rng, device):
+    """Four requests, each with a cached prefix of 2 of its prefix tensor's 8 slots."""
+    prefill = Prefill(rng, 4, device)
+    prefill.prefix_lens = [2] * 4
+    prefill.prefixes = [torch.arange(8, device=device) for _ in range(4)]
+    prefill.seq_lens = [2 + n for n in prefill.lens]
+    return prefill
+
+
+def _assert_refused_when_converting_runs(prefill, change):
+    items = [
+        (prefill.ids, torch.int64),
+        ([1, 2, _RunsWhenConverted(change)], torch.int64),
+        (prefill.locations, torch.int64),
+    ]
+    with pytest.raises(RuntimeError, match="changed after it was checked"):
+        stage_prefill(items, prefill.lens, prefill.starts, prefill.cache_rows())
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -213,55 +232,32 @@ class _Resizes:
 def test_a_table_or_prefix_changed_while_the_items_are_written_is_refused(rng, device, target):
     """Rows checked against the table before the items were written are not written into what it
     became (a smaller table: out of bounds), nor read from a prefix that changed."""
-    prefill = Prefill(rng, 4, device)
-    prefill.prefix_lens = [2] * 4
-    prefill.prefixes = [torch.arange(8, device=device) for _ in range(4)]
-    prefill.seq_lens = [2 + n for n in prefill.lens]
+    prefill = _prefill_with_prefixes(rng, device)
     tensor, shape = (prefill.table, (1, 2)) if target == "req_to_token" else (prefill.prefixes[1], (1,))
-    resizing = [1, 2, _Resizes(tensor, shape)]
-    items = [(prefill.ids, torch.int64), (resizing, torch.int64), (prefill.locations, torch.int64)]
-    with pytest.raises(RuntimeError, match="changed after it was checked"):
-        stage_prefill(items, prefill.lens, prefill.starts, prefill.cache_rows())
+    _assert_refused_when_converting_runs(prefill, lambda: tensor.resize_(shape))
     if target == "prefix":
         assert (prefill.table == SENTINEL).all(), "req_to_token was written"
-
-
-class _RemakesStorage:
-    """An int whose conversion frees a tensor's storage and makes it again with `nbytes` in `pool`,
-    where the tensor alone was made: the allocator hands back the same address, so only the
-    storage's size tells that it changed."""
-
-    def __init__(self, tensor, nbytes, pool):
-        self.tensor, self.nbytes, self.pool = tensor, nbytes, pool
-        self.same_address = None
-
-    def __index__(self):
-        before = self.tensor.data_ptr()
-        with torch.cuda.use_mem_pool(self.pool):
-            self.tensor.untyped_storage().resize_(0)
-            self.tensor.untyped_storage().resize_(self.nbytes)
-        self.same_address = self.tensor.data_ptr() == before
-        return 1
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("target", ["req_to_token", "prefix"])
 def test_a_storage_remade_smaller_at_the_same_address_is_refused(rng, target):
     """Address, shape and strides unchanged, but the storage no longer holds the tensor: nothing is
-    written into or read from past its end."""
-    prefill = Prefill(rng, 4, "cuda")
-    prefill.prefix_lens = [2] * 4
-    prefill.seq_lens = [2 + n for n in prefill.lens]
+    written into or read from past its end. The tensor is the only one of a private pool, so the
+    allocator hands its block back when the storage is made again."""
+    prefill = _prefill_with_prefixes(rng, "cuda")
     pool = torch.cuda.MemPool()
-    with torch.cuda.use_mem_pool(pool):  # the pool's one tensor: its block is the one handed back
+    with torch.cuda.use_mem_pool(pool):
         if target == "req_to_token":
-            prefill.table = prefill.table.clone()
-            tensor = prefill.table
+            tensor = prefill.table = prefill.table.clone()
         else:
-            tensor = torch.arange(8, device="cuda")
-    prefill.prefixes = [tensor if (target == "prefix" and i == 1) else torch.arange(8, device="cuda") for i in range(4)]
-    remake = _RemakesStorage(tensor, 8, pool)
-    items = [(prefill.ids, torch.int64), ([1, 2, remake], torch.int64), (prefill.locations, torch.int64)]
-    with pytest.raises(RuntimeError, match="changed after it was checked"):
-        stage_prefill(items, prefill.lens, prefill.starts, prefill.cache_rows())
-    assert remake.same_address, "the storage was remade elsewhere: the case this test is for did not arise"
+            tensor = prefill.prefixes[1] = torch.arange(8, device="cuda")
+    address = tensor.data_ptr()
+
+    def remake_smaller():
+        with torch.cuda.use_mem_pool(pool):
+            tensor.untyped_storage().resize_(0)
+            tensor.untyped_storage().resize_(8)
+
+    _assert_refused_when_converting_runs(prefill, remake_smaller)
+    assert tensor.data_ptr() == address, "the storage was remade elsewhere: the case this test is for did not arise"

@@ -166,7 +166,7 @@ std::vector<ItemPlan> plan_many(PyObject* items, const char* api, std::vector<TH
   // data is held as soon as it is read. A list is read in place, not copied: Python code run by an
   // item may mutate it, so its length is checked before each item is read, and a pair is read
   // before any Python code runs for it.
-  THPObjectPtr seq(checked(PySequence_Fast(items, "items must be a sequence")));  // check_items_sequence'd
+  THPObjectPtr seq(checked(PySequence_Fast(items, "items must be a sequence")));  // callers ran check_items_sequence
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.get());
   held.reserve(held.size() + static_cast<size_t>(n));
   std::vector<ItemPlan> plans;
