@@ -11,7 +11,10 @@ once after decode_loop's recording run, and prints per call the median, the 10th
 how many steps made it. Calls nest: prefill_inputs (the admitting step's staging) holds
 prefill_values (the host work the ideal does too), sampling_fields and stage_prefill, and
 write_inputs (the decode step's staging) holds stage_static; prefill (the eager prefill's
-launches) and the rest are outside the timed host prep."""
+launches) and the rest are outside the timed host prep. With --profile a second run goes under
+torch.profiler, and each timed call's CUDA runtime calls (cudaMemcpyAsync, cudaLaunchKernel, the ring's
+event records and queries) are counted with their host time: what of a call's time the driver takes.
+"""
 
 import argparse
 import collections
@@ -39,10 +42,11 @@ LOOP_METHODS = ("prefill_inputs", "prefill_values", "write_inputs", "prefill", "
 BUILDERS = ("sampling_fields", "stage_prefill")
 
 
-def split(cfg, dev, cycles_per_us, backend):
+def split(cfg, dev, cycles_per_us, backend, ranges=False):
     """({call: [(wall seconds, this thread's CPU seconds) per call]}, [(voluntary, involuntary) context
     switches per step]) over the timed steps of one run of `backend` (its warm-up steps and
-    decode_loop's recording run, another backend, are not counted).
+    decode_loop's recording run, another backend, are not counted). With `ranges`, each timed call is
+    also a torch.profiler range of its name.
     Wall time well above CPU time is time the thread did not run: a wait, or another thread on its
     core; equal, it is work the thread did (cold caches make it longer)."""
     samples = collections.defaultdict(list)
@@ -55,6 +59,9 @@ def split(cfg, dev, cycles_per_us, backend):
                 return fn(*args, **kwargs)
             t0, c0 = time.perf_counter(), time.thread_time()
             try:
+                if ranges:
+                    with torch.profiler.record_function(name):
+                        return fn(*args, **kwargs)
                 return fn(*args, **kwargs)
             finally:
                 samples[name].append((time.perf_counter() - t0, time.thread_time() - c0))
@@ -94,6 +101,37 @@ def split(cfg, dev, cycles_per_us, backend):
             setattr(owner, name, fn)
         decode_loop.Loop.step = step
     return samples, step_switches
+
+
+def runtime_calls(cfg, dev, cycles_per_us, backend):
+    """{timed call: [{api, per_call, host_us_per_call}]}: the CUDA runtime calls each timed call made
+    (its innermost timed range), from a second run under torch.profiler (whose ranges cost time:
+    this run's own timings are not reported)."""
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        samples, _ = split(cfg, dev, cycles_per_us, backend, ranges=True)
+    names = set(samples)
+    per = collections.defaultdict(lambda: collections.defaultdict(lambda: [0, 0.0]))
+    for e in prof.events():
+        if not e.name.startswith("cuda"):
+            continue
+        parent = e.cpu_parent
+        while parent is not None and parent.name not in names:
+            parent = parent.cpu_parent
+        if parent is not None:
+            entry = per[parent.name][e.name]
+            entry[0] += 1
+            entry[1] += e.cpu_time_total
+    return {
+        call: sorted(
+            (
+                {"api": api, "per_call": n / len(samples[call]), "host_us_per_call": us / len(samples[call])}
+                for api, (n, us) in apis.items()
+            ),
+            key=lambda r: -r["host_us_per_call"],
+        )
+        for call, apis in per.items()
+    }
 
 
 def _thread_switches():
@@ -144,6 +182,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--backend", default="pinstage_static", choices=sorted(decode_loop.BACKENDS))
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--profile", action="store_true", help="split each call's CUDA runtime calls (a second run)")
     p.add_argument("--json", default=os.path.join(HERE, "out", "prep_split.json"))
     args = p.parse_args(argv)
     _timing.pin_to_one_core()
@@ -179,7 +218,16 @@ def main(argv=None):
                 for v in (per_step[k]["mean"], 100 * per_step[k]["steps_with_any"])
             )
         )
-    _report.write_json(args.json, {"meta": meta, "config": vars(args), "calls": found, "context_switches": per_step})
+    runtime = runtime_calls(cfg, dev, cycles, args.backend) if args.profile and dev.type == "cuda" else None
+    for call, apis in (runtime or {}).items():
+        print(
+            "%s: CUDA runtime calls per call (host us): %s"
+            % (call, ", ".join("%s x%.2f %.1f" % (a["api"], a["per_call"], a["host_us_per_call"]) for a in apis))
+        )
+    report = {"meta": meta, "config": vars(args), "calls": found, "context_switches": per_step}
+    if runtime is not None:
+        report["runtime_calls"] = runtime
+    _report.write_json(args.json, report)
 
 
 if __name__ == "__main__":
