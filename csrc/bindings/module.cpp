@@ -164,17 +164,22 @@ std::optional<std::vector<int64_t>> int64_list(PyObject* column) {
   return values;
 }
 
-// write_cache_indices' prefix_tensors (a sequence of tensors), read into a tuple first: the
-// caller's list could change meanwhile in another thread.
-std::vector<at::Tensor> prefix_tensor_list(PyObject* prefix_tensors) {
-  THPObjectPtr items(checked(PySequence_Tuple(prefix_tensors)));
-  std::vector<at::Tensor> out;
-  out.reserve(static_cast<size_t>(PyTuple_GET_SIZE(items.get())));
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(items.get()); ++i) {
-    PyObject* item = PyTuple_GET_ITEM(items.get(), i);
+// write_cache_indices' prefix_tensors (a sequence of tensors), read into a tuple first (the
+// caller's list could change meanwhile in another thread); the tensors are borrowed from the
+// tuple's objects, which `tuple` keeps alive.
+struct PrefixTensors {
+  THPObjectPtr tuple;
+  std::vector<const at::Tensor*> tensors;
+};
+PrefixTensors prefix_tensor_list(PyObject* prefix_tensors) {
+  PrefixTensors out{THPObjectPtr(checked(PySequence_Tuple(prefix_tensors))), {}};
+  const Py_ssize_t n = PyTuple_GET_SIZE(out.tuple.get());
+  out.tensors.reserve(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* item = PyTuple_GET_ITEM(out.tuple.get(), i);
     TORCH_CHECK_TYPE(is_tensor(item), "write_cache_indices: request ", i,
                      ": prefix_tensors entry must be a tensor, got ", Py_TYPE(item)->tp_name);
-    out.push_back(unpack_tensor(item));
+    out.tensors.push_back(&unpack_tensor(item));
   }
   return out;
 }
@@ -193,6 +198,7 @@ PyObject* stage_prefill_body(const std::array<PyObject*, 11>& a) {
   std::optional<std::vector<int64_t>> starts = int64_list(a[2]);
   if (!lens || !starts) Py_RETURN_NONE;
   std::optional<PrefillCacheRows> cache;
+  PrefixTensors prefixes;  // held until the call returns: the cache rows borrow its tensors
   if (a[3] != Py_None) {
     TORCH_CHECK_TYPE(is_tensor(a[3]), "pinstage.builders.stage_prefill: req_to_token must be a tensor, got ",
                      Py_TYPE(a[3])->tp_name);
@@ -200,7 +206,7 @@ PyObject* stage_prefill_body(const std::array<PyObject*, 11>& a) {
     std::optional<std::vector<int64_t>> prefix_lens = int64_list(a[6]);
     std::optional<std::vector<int64_t>> seq_lens = int64_list(a[7]);
     if (!rows || !prefix_lens || !seq_lens) Py_RETURN_NONE;
-    std::vector<at::Tensor> prefix_tensors = prefix_tensor_list(a[5]);
+    prefixes = prefix_tensor_list(a[5]);
     TORCH_CHECK_TYPE(PyLong_CheckExact(a[8]),
                      "pinstage.builders.stage_prefill: out_cache_loc must be the index of "
                      "an item (an int), got ",
@@ -208,7 +214,7 @@ PyObject* stage_prefill_body(const std::array<PyObject*, 11>& a) {
     const long long item = PyLong_AsLongLong(a[8]);
     if (item == -1 && PyErr_Occurred()) throw PythonError();
     cache.emplace(
-        PrefillCacheRows{unpack_tensor(a[3]), std::move(prefix_tensors),
+        PrefillCacheRows{&unpack_tensor(a[3]), prefixes.tensors,
                          RequestValues{std::move(*rows), std::move(*prefix_lens), std::move(*seq_lens), {}, {}},
                          static_cast<int64_t>(item)});
   }
@@ -443,15 +449,15 @@ PYBIND11_MODULE(_C, m) {
           *into[c] = std::move(*column);
         }
       }
-      const std::vector<at::Tensor> prefixes = prefix_tensor_list(prefix_tensors.ptr());
+      const PrefixTensors prefixes = prefix_tensor_list(prefix_tensors.ptr());
       std::array<at::Tensor, 4> tensors;
       for (size_t c = 0; c < 4 && !lists; ++c) tensors[c] = unpack_tensor(given[c].ptr());
       GilReleasedIfHeld no_gil;  // as torch releases it for an op: the kernel reads no Python object
       if (lists) {
-        write_cache_indices_of_lists(req_to_token, prefixes, out_cache_loc, std::move(values));
+        write_cache_indices_of_lists(req_to_token, prefixes.tensors, out_cache_loc, std::move(values));
       } else {
-        write_cache_indices(req_to_token, tensors[0], prefixes, tensors[1], tensors[2], std::nullopt, out_cache_loc,
-                            tensors[3]);
+        write_cache_indices(req_to_token, tensors[0], prefixes.tensors, tensors[1], tensors[2], std::nullopt,
+                            out_cache_loc, tensors[3]);
       }
       return true;
     });

@@ -51,10 +51,11 @@ std::vector<at::Tensor> stage_prefill(PyObject* items, std::vector<int64_t> exte
     TORCH_CHECK_TYPE(loc.dtype == at::kLong && loc.shape.size() == 1, "pinstage.", kApi, ": out_cache_loc (item ", k,
                      ") must be staged as 1-D torch.int64, got ", dtype_name(loc.dtype), " of shape ",
                      c10::IntArrayRef(loc.shape));
-    TORCH_CHECK_VALUE(cache->req_to_token.device() == target.device, "pinstage.", kApi, ": req_to_token is on ",
-                      cache->req_to_token.device(), " but the items are staged to ", target.device);
+    const at::Tensor& table = *cache->req_to_token;
+    TORCH_CHECK_VALUE(table.device() == target.device, "pinstage.", kApi, ": req_to_token is on ", table.device(),
+                      " but the items are staged to ", target.device);
     cache->values.extend_lens = std::move(extend_lens);
-    cache_write.emplace(cache->req_to_token, cache->prefix_tensors, loc.numel, std::move(cache->values));
+    cache_write.emplace(table, cache->prefix_tensors, loc.numel, std::move(cache->values));
   }
   std::vector<at::Tensor> staged = stage_plans(plans, target, kApi);
   if (cache_write) {

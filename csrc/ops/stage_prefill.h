@@ -15,9 +15,11 @@
 
 namespace pinstage {
 
+// req_to_token and the prefixes are borrowed from the caller's Python objects, which it holds for
+// the call.
 struct PrefillCacheRows {
-  at::Tensor req_to_token;
-  std::vector<at::Tensor> prefix_tensors;
+  const at::Tensor* req_to_token;
+  std::vector<const at::Tensor*> prefix_tensors;
   RequestValues values;        // rows, prefix_lens, seq_lens; extend_lens are the call's own
   int64_t out_cache_loc_item;  // the item that is out_cache_loc (int64, one per new token)
 };

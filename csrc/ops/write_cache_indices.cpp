@@ -151,7 +151,7 @@ bool may_overlap(const at::Tensor& a, const at::Tensor& b) {
 // req_to_token is the op's output: its rows must not share memory with each other (a stride-0
 // expansion would have every request write the same row) nor with anything the op reads (its
 // writes would change values it has yet to read).
-void check_no_overlap(const at::Tensor& req_to_token, at::TensorList prefix_tensors,
+void check_no_overlap(const at::Tensor& req_to_token, PrefixRefs prefix_tensors,
                       std::initializer_list<std::pair<const char*, const at::Tensor*>> inputs) {
   const bool rows_disjoint = req_to_token.size(0) <= 1 || req_to_token.stride(0) >= req_to_token.size(1);
   TORCH_CHECK(at::has_internal_overlap(req_to_token) != at::MemOverlap::Yes && rows_disjoint, kOp,
@@ -162,7 +162,7 @@ void check_no_overlap(const at::Tensor& req_to_token, at::TensorList prefix_tens
                 " in memory; the op writes req_to_token, so pass ", name, " in memory of its own (e.g. .clone())");
   }
   for (size_t i = 0; i < prefix_tensors.size(); ++i) {
-    TORCH_CHECK(!may_overlap(req_to_token, prefix_tensors[i]), kOp, ": request ", i,
+    TORCH_CHECK(!may_overlap(req_to_token, *prefix_tensors[i]), kOp, ": request ", i,
                 ": req_to_token overlaps its prefix_tensors entry in memory; the op writes req_to_token, so pass "
                 "the prefix in memory of its own (e.g. .clone())");
   }
@@ -170,14 +170,14 @@ void check_no_overlap(const at::Tensor& req_to_token, at::TensorList prefix_tens
 
 // ----------------------------------------------------------------------------- the op
 
-PrefixTable prefix_table(at::TensorList prefix_tensors, int64_t batch, const at::Device& device) {
+PrefixTable prefix_table(PrefixRefs prefix_tensors, int64_t batch, const at::Device& device) {
   TORCH_CHECK_VALUE(static_cast<int64_t>(prefix_tensors.size()) == batch, kOp, ": prefix_tensors has ",
                     prefix_tensors.size(), " entries but req_pool_indices has ", batch);
   PrefixTable table;
   table.pointers.reserve(static_cast<size_t>(batch));
   table.numels.reserve(static_cast<size_t>(batch));
   for (int64_t i = 0; i < batch; ++i) {
-    const at::Tensor& t = prefix_tensors[static_cast<size_t>(i)];
+    const at::Tensor& t = *prefix_tensors[static_cast<size_t>(i)];
     check_prefix_tensor(i, t, device);
     table.pointers.push_back(reinterpret_cast<uintptr_t>(t.const_data_ptr()));
     table.numels.push_back(t.numel());
@@ -383,11 +383,10 @@ void write_checked(CacheIndexParams& p, const PrefixTable& table, RequestValues&
 
 }  // namespace
 
-// The op's CPU and CUDA kernel: one set of checks, then the loop or the kernel for req_to_token's
-// device. Per-request values on the CPU are copied and checked on the host (all of them, for the
-// CPU op).
-void write_cache_indices(const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
-                         at::TensorList prefix_tensors, const at::Tensor& prefix_lens, const at::Tensor& seq_lens,
+// One set of checks, then the loop or the kernel for req_to_token's device. Per-request values on
+// the CPU are copied and checked on the host (all of them, for the CPU op).
+void write_cache_indices(const at::Tensor& req_to_token, const at::Tensor& req_pool_indices, PrefixRefs prefix_tensors,
+                         const at::Tensor& prefix_lens, const at::Tensor& seq_lens,
                          const std::optional<at::Tensor>& out_cache_offsets, const at::Tensor& out_cache_loc,
                          const std::optional<at::Tensor>& extend_lens) {
   const at::Tensor* offsets = out_cache_offsets ? &*out_cache_offsets : nullptr;
@@ -437,7 +436,7 @@ int64_t checked_list_lengths(const RequestValues& values) {
 
 }  // namespace
 
-ListCacheWrite::ListCacheWrite(const at::Tensor& req_to_token, at::TensorList prefix_tensors, int64_t out_cache_len,
+ListCacheWrite::ListCacheWrite(const at::Tensor& req_to_token, PrefixRefs prefix_tensors, int64_t out_cache_len,
                                RequestValues values, const at::Tensor* out_cache_loc)
     : req_to_token_(req_to_token), prefix_tensors_(prefix_tensors.vec()), values_(std::move(values)) {
   const int64_t batch = checked_list_lengths(values_);
@@ -475,14 +474,14 @@ void ListCacheWrite::check_unchanged() const {
               ": req_to_token changed after it was checked (Python code run meanwhile resized "
               "or replaced it); nothing was written");
   for (size_t i = 0; i < prefix_tensors_.size(); ++i) {
-    const at::Tensor& prefix = prefix_tensors_[i];
+    const at::Tensor& prefix = *prefix_tensors_[i];
     TORCH_CHECK(reinterpret_cast<uintptr_t>(prefix.const_data_ptr()) == table_.pointers[i] &&
                     prefix.numel() == table_.numels[i] && storage_covers(prefix),
                 kOp, ": request ", i, ": its prefix_tensors entry changed after it was checked; nothing was written");
   }
 }
 
-void write_cache_indices_of_lists(const at::Tensor& req_to_token, at::TensorList prefix_tensors,
+void write_cache_indices_of_lists(const at::Tensor& req_to_token, PrefixRefs prefix_tensors,
                                   const at::Tensor& out_cache_loc, RequestValues values) {
   ListCacheWrite(req_to_token, prefix_tensors, out_cache_loc.numel(), std::move(values), &out_cache_loc)
       .run(out_cache_loc);
@@ -501,13 +500,25 @@ void write_cache_indices_fake(const at::Tensor& req_to_token, const at::Tensor&,
   }
 }
 
+// The op's CPU and CUDA kernel: its list of prefix tensors, borrowed.
+void write_cache_indices_op(const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
+                            at::TensorList prefix_tensors, const at::Tensor& prefix_lens, const at::Tensor& seq_lens,
+                            const std::optional<at::Tensor>& out_cache_offsets, const at::Tensor& out_cache_loc,
+                            const std::optional<at::Tensor>& extend_lens) {
+  std::vector<const at::Tensor*> prefixes;
+  prefixes.reserve(prefix_tensors.size());
+  for (const at::Tensor& t : prefix_tensors) prefixes.push_back(&t);
+  write_cache_indices(req_to_token, req_pool_indices, prefixes, prefix_lens, seq_lens, out_cache_offsets, out_cache_loc,
+                      extend_lens);
+}
+
 }  // namespace
 }  // namespace pinstage
 
-TORCH_LIBRARY_IMPL(pinstage, CPU, m) { m.impl("write_cache_indices", &pinstage::write_cache_indices); }
+TORCH_LIBRARY_IMPL(pinstage, CPU, m) { m.impl("write_cache_indices", &pinstage::write_cache_indices_op); }
 
 #ifdef PINSTAGE_WITH_CUDA
-TORCH_LIBRARY_IMPL(pinstage, CUDA, m) { m.impl("write_cache_indices", &pinstage::write_cache_indices); }
+TORCH_LIBRARY_IMPL(pinstage, CUDA, m) { m.impl("write_cache_indices", &pinstage::write_cache_indices_op); }
 #endif
 
 TORCH_LIBRARY_IMPL(pinstage, Meta, m) { m.impl("write_cache_indices", &pinstage::write_cache_indices_fake); }

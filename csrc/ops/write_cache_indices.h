@@ -40,11 +40,17 @@ struct RequestValues {
   std::vector<int64_t> rows, prefix_lens, seq_lens, offsets, extend_lens;
 };
 
-// The op torch.ops.pinstage.write_cache_indices runs (library.cpp has its schema), also called
-// directly by pinstage.builders.write_cache_indices (bindings/module.cpp): the same checks and
-// kernel without torch's dispatcher. Sets its own device guard and uses the current stream.
-void write_cache_indices(const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
-                         at::TensorList prefix_tensors, const at::Tensor& prefix_lens, const at::Tensor& seq_lens,
+// The prefix tensors, borrowed: the op's own list, or the tensors of Python objects the binding
+// holds. A copy of an at::Tensor that only its PyObject owned makes torch take a reference to that
+// object, and drop it later: two trips through the interpreter per request.
+using PrefixRefs = c10::ArrayRef<const at::Tensor*>;
+
+// What torch.ops.pinstage.write_cache_indices runs (library.cpp has its schema; its kernels pass
+// their TensorList here), also called directly by pinstage.builders.write_cache_indices
+// (bindings/module.cpp): the same checks and kernel without torch's dispatcher. Sets its own device
+// guard and uses the current stream.
+void write_cache_indices(const at::Tensor& req_to_token, const at::Tensor& req_pool_indices, PrefixRefs prefix_tensors,
+                         const at::Tensor& prefix_lens, const at::Tensor& seq_lens,
                          const std::optional<at::Tensor>& out_cache_offsets, const at::Tensor& out_cache_loc,
                          const std::optional<at::Tensor>& extend_lens);
 
@@ -59,12 +65,13 @@ struct PrefixTable {
 // every request against req_to_token, the prefixes and out_cache_loc's length; run() checks
 // out_cache_loc itself and that req_to_token and the prefixes still are what was checked (Python
 // code may run in between: a fallback conversion, another thread while the ring waits), then runs
-// the loop or launches the kernel on the current stream.
+// the loop or launches the kernel on the current stream. req_to_token and the prefixes are borrowed:
+// the caller keeps them alive until run() returns.
 class ListCacheWrite {
  public:
   // out_cache_loc: where it exists already, checked here too (else by run() alone).
-  ListCacheWrite(const at::Tensor& req_to_token, at::TensorList prefix_tensors, int64_t out_cache_len,
-                 RequestValues values, const at::Tensor* out_cache_loc = nullptr);
+  ListCacheWrite(const at::Tensor& req_to_token, PrefixRefs prefix_tensors, int64_t out_cache_len, RequestValues values,
+                 const at::Tensor* out_cache_loc = nullptr);
   ListCacheWrite(const ListCacheWrite&) = delete;  // params_ points into values_
   ListCacheWrite& operator=(const ListCacheWrite&) = delete;
   void run(const at::Tensor& out_cache_loc);
@@ -72,8 +79,8 @@ class ListCacheWrite {
  private:
   void check_unchanged() const;  // req_to_token and the prefixes are still what was checked
 
-  at::Tensor req_to_token_;
-  std::vector<at::Tensor> prefix_tensors_;  // held, and checked again by run()
+  const at::Tensor& req_to_token_;
+  std::vector<const at::Tensor*> prefix_tensors_;  // checked again by run()
   RequestValues values_;
   CacheIndexParams params_{};
   PrefixTable table_;
@@ -81,7 +88,7 @@ class ListCacheWrite {
 
 // pinstage.builders.write_cache_indices's entry for columns given as lists (bindings/module.cpp
 // converts them into `values`, no offsets): the op's checks and kernel, without per-request tensors.
-void write_cache_indices_of_lists(const at::Tensor& req_to_token, at::TensorList prefix_tensors,
+void write_cache_indices_of_lists(const at::Tensor& req_to_token, PrefixRefs prefix_tensors,
                                   const at::Tensor& out_cache_loc, RequestValues values);
 
 #ifdef PINSTAGE_WITH_CUDA
