@@ -111,8 +111,11 @@ def runtime_calls(cfg, dev, cycles_per_us, backend):
     with torch.profiler.profile(activities=activities) as prof:
         samples, _ = split(cfg, dev, cycles_per_us, backend, ranges=True)
     names = set(samples)
+    events = prof.events()
+    # Calls counted by their ranges: the warm-up steps' ranges are in the trace, not in `samples`.
+    calls = collections.Counter(e.name for e in events if e.name in names)
     per = collections.defaultdict(lambda: collections.defaultdict(lambda: [0, 0.0]))
-    for e in prof.events():
+    for e in events:
         if not e.name.startswith("cuda"):
             continue
         parent = e.cpu_parent
@@ -125,7 +128,7 @@ def runtime_calls(cfg, dev, cycles_per_us, backend):
     return {
         call: sorted(
             (
-                {"api": api, "per_call": n / len(samples[call]), "host_us_per_call": us / len(samples[call])}
+                {"api": api, "per_call": n / calls[call], "host_us_per_call": us / calls[call]}
                 for api, (n, us) in apis.items()
             ),
             key=lambda r: -r["host_us_per_call"],
