@@ -261,3 +261,28 @@ def test_a_storage_remade_smaller_at_the_same_address_is_refused(rng, target):
 
     _assert_refused_when_converting_runs(prefill, remake_smaller)
     assert tensor.data_ptr() == address, "the storage was remade elsewhere: the case this test is for did not arise"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_prefixes_the_caller_drops_while_the_items_are_written_are_still_read_whole(rng, device):
+    """The call reads the prefix tensors it was given, not copies of them: the caller's list emptied
+    mid-call (its tensors then owned by the call alone) and their memory handed out again must not
+    change what is written."""
+    prefill = _prefill_with_prefixes(rng, device)
+    prefill.prefixes = [torch.arange(100 * i, 100 * i + 8, device=device) for i in range(4)]
+    kept = [p.clone() for p in prefill.prefixes]
+    reused = []
+
+    def drop_and_reallocate():
+        prefill.prefixes.clear()  # the list CacheRows holds: the call's own tuple keeps the tensors
+        reused.extend(torch.full((8,), -1, dtype=torch.int64, device=device) for _ in range(64))
+
+    items = [
+        (prefill.ids, torch.int64),
+        ([1, 2, _RunsWhenConverted(drop_and_reallocate)], torch.int64),
+        (prefill.locations, torch.int64),
+    ]
+    stage_prefill(items, prefill.lens, prefill.starts, prefill.cache_rows())
+    assert reused and not prefill.prefixes, "the conversion did not run the change"
+    prefill.prefixes = kept
+    assert torch.equal(prefill.table.cpu(), prefill.expected_table().cpu()), "req_to_token"
