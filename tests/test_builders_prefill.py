@@ -228,14 +228,20 @@ def _assert_refused_when_converting_runs(prefill, change):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("target", ["req_to_token", "prefix"])
+@pytest.mark.parametrize("target", ["req_to_token", "prefix", "prefix dtype"])
 def test_a_table_or_prefix_changed_while_the_items_are_written_is_refused(rng, device, target):
     """Rows checked against the table before the items were written are not written into what it
-    became (a smaller table: out of bounds), nor read from a prefix that changed."""
+    became (a smaller table: out of bounds), nor read from a prefix that changed: resized, or the
+    same memory and length seen as float64 (its bits are not slots)."""
     prefill = _prefill_with_prefixes(rng, device)
-    tensor, shape = (prefill.table, (1, 2)) if target == "req_to_token" else (prefill.prefixes[1], (1,))
-    _assert_refused_when_converting_runs(prefill, lambda: tensor.resize_(shape))
-    if target == "prefix":
+    prefix = prefill.prefixes[1]
+    change = {
+        "req_to_token": lambda: prefill.table.resize_((1, 2)),
+        "prefix": lambda: prefix.resize_((1,)),
+        "prefix dtype": lambda: setattr(prefix, "data", prefix.view(torch.float64)),
+    }[target]
+    _assert_refused_when_converting_runs(prefill, change)
+    if target != "req_to_token":
         assert (prefill.table == SENTINEL).all(), "req_to_token was written"
 
 

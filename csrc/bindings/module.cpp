@@ -452,7 +452,9 @@ PYBIND11_MODULE(_C, m) {
       const PrefixTensors prefixes = prefix_tensor_list(prefix_tensors.ptr());
       std::array<at::Tensor, 4> tensors;
       for (size_t c = 0; c < 4 && !lists; ++c) tensors[c] = unpack_tensor(given[c].ptr());
-      GilReleasedIfHeld no_gil;  // as torch releases it for an op: the kernel reads no Python object
+      // As torch releases it for an op. The tensors are borrowed from objects `prefixes` and the
+      // caller keep alive; as for any op, another thread must not resize, set_ or swap them meanwhile.
+      GilReleasedIfHeld no_gil;
       if (lists) {
         write_cache_indices_of_lists(req_to_token, prefixes.tensors, out_cache_loc, std::move(values));
       } else {

@@ -475,8 +475,11 @@ void ListCacheWrite::check_unchanged() const {
               "or replaced it); nothing was written");
   for (size_t i = 0; i < prefix_tensors_.size(); ++i) {
     const at::Tensor& prefix = *prefix_tensors_[i];
+    // The kernel reads numel int64 slots from the address: a view as another 8-byte dtype, or a
+    // stride, at the same address and length would be read as slots it does not hold.
     TORCH_CHECK(reinterpret_cast<uintptr_t>(prefix.const_data_ptr()) == table_.pointers[i] &&
-                    prefix.numel() == table_.numels[i] && storage_covers(prefix),
+                    prefix.numel() == table_.numels[i] && prefix.scalar_type() == at::kLong && prefix.dim() == 1 &&
+                    (prefix.numel() <= 1 || prefix.stride(0) == 1) && storage_covers(prefix),
                 kOp, ": request ", i, ": its prefix_tensors entry changed after it was checked; nothing was written");
   }
 }
