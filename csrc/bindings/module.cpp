@@ -198,7 +198,7 @@ PyObject* stage_prefill_body(const std::array<PyObject*, 11>& a) {
   std::optional<std::vector<int64_t>> starts = int64_list(a[2]);
   if (!lens || !starts) Py_RETURN_NONE;
   std::optional<PrefillCacheRows> cache;
-  PrefixTensors prefixes;  // held until the call returns: the cache rows borrow its tensors
+  PrefixTensors prefixes;  // held until the call returns: its tuple keeps the borrowed tensors alive
   if (a[3] != Py_None) {
     TORCH_CHECK_TYPE(is_tensor(a[3]), "pinstage.builders.stage_prefill: req_to_token must be a tensor, got ",
                      Py_TYPE(a[3])->tp_name);
@@ -214,7 +214,7 @@ PyObject* stage_prefill_body(const std::array<PyObject*, 11>& a) {
     const long long item = PyLong_AsLongLong(a[8]);
     if (item == -1 && PyErr_Occurred()) throw PythonError();
     cache.emplace(
-        PrefillCacheRows{&unpack_tensor(a[3]), prefixes.tensors,
+        PrefillCacheRows{&unpack_tensor(a[3]), std::move(prefixes.tensors),
                          RequestValues{std::move(*rows), std::move(*prefix_lens), std::move(*seq_lens), {}, {}},
                          static_cast<int64_t>(item)});
   }

@@ -438,7 +438,7 @@ int64_t checked_list_lengths(const RequestValues& values) {
 
 ListCacheWrite::ListCacheWrite(const at::Tensor& req_to_token, PrefixRefs prefix_tensors, int64_t out_cache_len,
                                RequestValues values, const at::Tensor* out_cache_loc)
-    : req_to_token_(req_to_token), prefix_tensors_(prefix_tensors.vec()), values_(std::move(values)) {
+    : req_to_token_(req_to_token), prefix_tensors_(prefix_tensors), values_(std::move(values)) {
   const int64_t batch = checked_list_lengths(values_);
   // In the op's order: the lists' lengths, then req_to_token and out_cache_loc where it exists.
   params_ = out_cache_loc ? checked_target(req_to_token, *out_cache_loc, batch)

@@ -65,8 +65,8 @@ struct PrefixTable {
 // every request against req_to_token, the prefixes and out_cache_loc's length; run() checks
 // out_cache_loc itself and that req_to_token and the prefixes still are what was checked (Python
 // code may run in between: a fallback conversion, another thread while the ring waits), then runs
-// the loop or launches the kernel on the current stream. req_to_token and the prefixes are borrowed:
-// the caller keeps them alive until run() returns.
+// the loop or launches the kernel on the current stream. req_to_token, the prefixes and their list
+// are borrowed: the caller keeps them alive until run() returns.
 class ListCacheWrite {
  public:
   // out_cache_loc: where it exists already, checked here too (else by run() alone).
@@ -80,7 +80,7 @@ class ListCacheWrite {
   void check_unchanged() const;  // req_to_token and the prefixes are still what was checked
 
   const at::Tensor& req_to_token_;
-  std::vector<const at::Tensor*> prefix_tensors_;  // checked again by run()
+  PrefixRefs prefix_tensors_;  // the caller's list, checked again by run()
   RequestValues values_;
   CacheIndexParams params_{};
   PrefixTable table_;
