@@ -168,6 +168,44 @@ def test_one_copy_and_the_cache_rows_behind_a_busy_stream(rng):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("extra_values", [0, 7, 600_000])
+def test_the_launch_that_writes_the_rows_copies_every_byte_of_the_items(rng, extra_values):
+    """On a device the rows' kernel also copies the staged items (one launch): items of odd byte
+    counts (a tail past the 16-byte loads) and, with 600k more values, more bytes than its copy
+    blocks cover in one pass (4.8 MB), behind a busy stream; every item and row must be right."""
+    prefill = Prefill(rng, 12, "cuda")
+    odd = [
+        ([rng.randint(-128, 127) for _ in range(13)], torch.int8),
+        ([rng.random() < 0.5 for _ in range(5)], torch.bool),
+        ([rng.random() for _ in range(3)], torch.float16),
+        ([rng.randint(-(1 << 62), 1 << 62) for _ in range(extra_values)], torch.int64),
+    ]
+    items = [(prefill.ids, torch.int64), (prefill.positions, torch.int64), (prefill.locations, torch.int64)] + odd
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    (staged, indices), still_busy = run_while_stream_busy(
+        lambda: stage_prefill(items, prefill.lens, prefill.starts, prefill.cache_rows(), stream=stream), stream
+    )
+    assert still_busy, "stage_prefill returned only after the busy stream finished"
+    torch.cuda.synchronize()
+    for i, ((values, dtype), got) in enumerate(zip(items, staged)):
+        assert_same_tensor(got, torch.tensor(values, dtype=dtype, device="cuda"), "item %d" % i)
+    assert_fields_equal(indices, build_logprob_indices(prefill.lens, prefill.starts, device="cuda"))
+    assert torch.equal(prefill.table.cpu(), prefill.expected_table().cpu()), "req_to_token"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_cache_rows_of_no_requests_stage_the_items_and_write_nothing(device):
+    table = torch.full((4, MAX_CONTEXT_LEN), SENTINEL, dtype=torch.int32, device=device)
+    items = [([], torch.int64), ([3, 1, 4], torch.int32)]
+    staged, indices = stage_prefill(items, [], [], CacheRows(table, [], [], [], [], 0), device=device)
+    assert_same_tensor(staged[0], torch.tensor([], dtype=torch.int64, device=device), "out_cache_loc")
+    assert_same_tensor(staged[1], torch.tensor([3, 1, 4], dtype=torch.int32, device=device), "item 1")
+    assert_fields_equal(indices, build_logprob_indices([], [], device=device))
+    assert (table == SENTINEL).all(), "req_to_token was written"
+
+
+@pytest.mark.cuda
 def test_bad_cache_rows_stage_nothing_on_the_gpu(rng):
     prefill = Prefill(rng, 8, "cuda")
     rows = list(prefill.rows)
