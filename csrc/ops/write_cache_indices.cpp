@@ -331,8 +331,9 @@ class KernelColumns {
             {checked ? checked->offsets.data() : nullptr, tensors[3], &p.out_cache_offsets},
         }} {
     for (Column& c : columns_) {
-      if (c.host == nullptr && c.device->is_cpu()) c.host = c.device->const_data_ptr();
-      if (c.host != nullptr) ring_bytes_ += slot(p.batch);
+      c.on_host = c.device == nullptr || c.device->is_cpu();
+      if (c.device != nullptr && c.on_host) c.host = c.device->const_data_ptr();
+      if (c.on_host) ring_bytes_ += slot(p.batch);
     }
   }
 
@@ -346,11 +347,11 @@ class KernelColumns {
   void place(uint8_t* region) {
     size_t offset = 0;
     for (Column& c : columns_) {
-      if (c.host == nullptr) {
+      if (!c.on_host) {
         *c.param = c.device->const_data_ptr<int64_t>();
         continue;
       }
-      std::memcpy(region + offset, c.host, column_bytes_);
+      if (column_bytes_ > 0) std::memcpy(region + offset, c.host, column_bytes_);
       *c.param = reinterpret_cast<const int64_t*>(region + offset);
       offset += slot(p_.batch);
     }
@@ -359,9 +360,10 @@ class KernelColumns {
 
  private:
   struct Column {
-    const void* host;
+    const void* host;  // the checked values (null where there are none), else a CPU tensor's
     const at::Tensor* device;
     const int64_t** param;
+    bool on_host = false;
   };
   CacheIndexParams& p_;
   const int64_t* pointers_ = nullptr;
