@@ -169,10 +169,9 @@ def test_one_copy_and_the_cache_rows_behind_a_busy_stream(rng):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("extra_values", [0, 7, 600_000])
-def test_the_launch_that_writes_the_rows_copies_every_byte_of_the_items(rng, extra_values):
-    """On a device the rows' kernel also copies the staged items (one launch): items of odd byte
-    counts (a tail past the 16-byte loads) and, with 600k more values, more bytes than its copy
-    blocks cover in one pass (4.8 MB), behind a busy stream; every item and row must be right."""
+def test_items_of_odd_sizes_and_megabytes_staged_with_the_cache_rows_are_right(rng, extra_values):
+    """Items of odd byte counts (no multiple of 16) and, with 600k more values, 4.8 MB of them,
+    staged with the cache rows behind a busy stream: every byte of every item and every row."""
     prefill = Prefill(rng, 12, "cuda")
     odd = [
         ([rng.randint(-128, 127) for _ in range(13)], torch.int8),
