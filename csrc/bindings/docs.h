@@ -38,7 +38,7 @@ inline constexpr const char* kStagePrefillDoc =
 --
 
 pinstage.builders.stage_prefill's compiled call (use that): the items and the four logits index
-arrays in one copy, then req_to_token's rows from the staged item out_cache_loc. None where a
+arrays in one copy, and req_to_token's rows from the item out_cache_loc (on a device, one kernel launch does both). None where a
 per-request column is not a list of Python ints.)doc";
 
 inline constexpr const char* kStageIntoDoc = R"doc(stage_into(data, out, stream=None)

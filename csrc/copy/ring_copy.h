@@ -59,6 +59,10 @@ class LeaseGuard {
     enqueued_on_ = stream;
   }
 
+  // A kernel that reads the lease was launched on `stream`, or its launch failed (it then reads
+  // nothing, and the region waits only for the work already on the stream).
+  void launched(cudaStream_t stream) { enqueued_on_ = stream; }
+
   // The copies that use the lease are enqueued on `stream`: the ring owns it from now on (held:
   // until StagingRing::unhold). Returns the committed lease and its fence.
   std::pair<HostLease, StreamFence*> commit(cudaStream_t stream, bool held = false) {
@@ -79,10 +83,12 @@ class LeaseGuard {
 // memory (region is null when bytes is 0: it only validates) and returns how many items fell
 // back to torch.tensor; then `destination()` gives the device memory (it may allocate it, or
 // check that it is still there: no Python code runs between it and the copy); then ONE copy on
-// `stream`, the commit and the counters. The caller holds a device guard for `device`.
-template <class Write, class Destination>
-void copy_through_ring(c10::DeviceIndex device, size_t bytes, cudaStream_t stream, Write&& write,
-                       Destination&& destination) {
+// `stream`, or what `enqueue(lease, destination)` enqueues there in its place (one kernel that
+// copies and does more: stage_prefill), the commit and the counters. The caller holds a device
+// guard for `device`.
+template <class Write, class Destination, class Enqueue>
+void through_ring(c10::DeviceIndex device, size_t bytes, cudaStream_t stream, Write&& write, Destination&& destination,
+                  Enqueue&& enqueue) {
   StagingRing& ring = ring_for(device, Direction::kToDevice);
   if (bytes == 0) {
     const size_t fallbacks = write(nullptr);
@@ -93,9 +99,17 @@ void copy_through_ring(c10::DeviceIndex device, size_t bytes, cudaStream_t strea
   LeaseGuard lease(ring, bytes);
   const size_t fallbacks = write(lease.data());
   void* const dst = destination();
-  lease.copy(dst, lease.data(), bytes, cudaMemcpyHostToDevice, stream);
+  enqueue(lease, dst);
   lease.commit(stream);
   ring.counters().record(bytes, 1, fallbacks);
+}
+
+template <class Write, class Destination>
+void copy_through_ring(c10::DeviceIndex device, size_t bytes, cudaStream_t stream, Write&& write,
+                       Destination&& destination) {
+  through_ring(
+      device, bytes, stream, std::forward<Write>(write), std::forward<Destination>(destination),
+      [&](LeaseGuard& lease, void* dst) { lease.copy(dst, lease.data(), bytes, cudaMemcpyHostToDevice, stream); });
 }
 
 }  // namespace pinstage

@@ -8,10 +8,6 @@
 #include "ops/logprob_indices.h"
 #include "tensor/stage.h"
 
-#ifdef PINSTAGE_WITH_CUDA
-#include <c10/cuda/CUDAGuard.h>
-#endif
-
 namespace pinstage {
 namespace {
 
@@ -57,15 +53,21 @@ std::vector<at::Tensor> stage_prefill(PyObject* items, std::vector<int64_t> exte
     cache->values.extend_lens = std::move(extend_lens);
     cache_write.emplace(table, cache->prefix_tensors, loc.numel, std::move(cache->values));
   }
-  std::vector<at::Tensor> staged = stage_plans(plans, target, kApi);
-  if (cache_write) {
+  const size_t loc_item = static_cast<size_t>(cache ? cache->out_cache_loc_item : 0);
 #ifdef PINSTAGE_WITH_CUDA
-    // The kernel reads out_cache_loc behind its copy: on the copy's stream.
-    std::optional<c10::cuda::CUDAStreamGuard> on_copy_stream;
-    if (target.stream) on_copy_stream.emplace(*target.stream);
-#endif
-    cache_write->run(staged[static_cast<size_t>(cache->out_cache_loc_item)]);
+  if (cache_write && target.stream) {
+    // One launch copies the items and writes the rows, reading out_cache_loc in the ring region.
+    const KernelForCopy kernel{cache_write->ring_bytes(), [&](const uint8_t* region, const size_t* offsets,
+                                                              size_t bytes, void* device, uint8_t* own, void* stream) {
+                                 const auto* loc = reinterpret_cast<const int64_t*>(region + offsets[loc_item]);
+                                 const StagedCopy copy{region, device, static_cast<int64_t>(bytes)};
+                                 return cache_write->launch_with_copy(loc, copy, own, stream);
+                               }};
+    return stage_plans(plans, target, kApi, &kernel);
   }
+#endif
+  std::vector<at::Tensor> staged = stage_plans(plans, target, kApi);
+  if (cache_write) cache_write->run(staged[loc_item]);  // on the CPU
   return staged;
 }
 

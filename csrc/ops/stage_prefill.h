@@ -1,7 +1,8 @@
 // stage_prefill: a prefill's inputs in one call. The caller's items (prompt lists, sampling values),
 // and the logits processor's four index arrays computed from the extend lengths and logprob starts,
-// in one ring region and one copy; then, where asked, req_to_token's rows written by the cache-index
-// kernel from one of the staged items (out_cache_loc), on the same stream.
+// in one ring region and one copy; where asked, req_to_token's rows written from one of the items
+// (out_cache_loc) too, on the same stream: on a device the cache-index kernel is the copy (one launch
+// copies the items and writes the rows, reading the prefixes on the device and the rest in the ring).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -26,9 +27,9 @@ struct PrefillCacheRows {
 
 // Returns a tensor per item, then sample_indices, input_logprob_indices, pruned_lens and
 // pruned_row_indices. Every check of the arguments (the items, the lengths, the cache rows) comes
-// before anything is staged or written; after the copy was enqueued only the cache rows' own ring
-// region (RingFullError under on_full="error") and the check that req_to_token and the prefixes
-// did not change meanwhile can fail, and then nothing is written.
+// before anything is staged or written; once the items are written only the check that
+// req_to_token and the prefixes did not change meanwhile can fail, and then nothing is staged or
+// written (on the CPU: nothing is written).
 std::vector<at::Tensor> stage_prefill(PyObject* items, std::vector<int64_t> extend_lens,
                                       const std::vector<int64_t>& logprob_starts, std::optional<PrefillCacheRows> cache,
                                       PyObject* stream, PyObject* device);

@@ -307,14 +307,74 @@ void write_on_cpu(const CacheIndexParams& p, const PrefixTable& table) {
 }
 
 #ifdef PINSTAGE_WITH_CUDA
-// Device values stay on the device (reading them would make the host wait): the kernel reads them
-// on the stream and skips rows out of bounds. The prefix table, and the per-request values on the
-// host (the op's checked copies, else a CPU tensor among device ones, read once here), are written
-// into one ring region that the kernel reads in place (pinned memory is mapped under unified
-// addressing): no copy and no device scratch, and the region is sealed behind the kernel.
+// Where the kernel reads its six per-request arrays. Device values stay on the device (reading them
+// would make the host wait): the kernel reads them on the stream and skips rows out of bounds. The
+// prefix table, and the values on the host (the op's checked copies, else a CPU tensor among device
+// ones, read once here), go into ring memory that the kernel reads in place (pinned memory is mapped
+// under unified addressing): no copy and no device scratch.
 // `tensors`: rows, prefix_lens, seq_lens and offsets as tensors, read only where `checked` is null.
-// `held`, where given, runs once the region is held: under on_full="wait" getting it may release
-// the GIL, and another thread may then change what was checked.
+class KernelColumns {
+ public:
+  static constexpr size_t kCount = 6;
+
+  KernelColumns(CacheIndexParams& p, const PrefixTable& table, const RequestValues* checked,
+                std::array<const at::Tensor*, 4> tensors)
+      : p_(p),
+        column_bytes_(static_cast<size_t>(p.batch) * sizeof(int64_t)),
+        columns_{{
+            {table.pointers.data(), nullptr, &pointers_},
+            {table.numels.data(), nullptr, &p.prefix_numels},
+            {checked ? checked->rows.data() : nullptr, tensors[0], &p.req_pool_indices},
+            {checked ? checked->prefix_lens.data() : nullptr, tensors[1], &p.prefix_lens},
+            {checked ? checked->seq_lens.data() : nullptr, tensors[2], &p.seq_lens},
+            // Checked on the host: the offsets given or computed.
+            {checked ? checked->offsets.data() : nullptr, tensors[3], &p.out_cache_offsets},
+        }} {
+    for (Column& c : columns_) {
+      c.on_host = c.device == nullptr || c.device->is_cpu();
+      if (c.device != nullptr && c.on_host) c.host = c.device->const_data_ptr();
+      if (c.on_host) ring_bytes_ += slot(p.batch);
+    }
+  }
+
+  // Ring bytes for `batch` requests with every array on the host.
+  static size_t slot(int64_t batch) {
+    return align_up(static_cast<size_t>(batch) * sizeof(int64_t), kStagingAlignment);
+  }
+  size_t ring_bytes() const { return ring_bytes_; }
+
+  // Writes the host arrays at `region` (ring_bytes() of ring memory) and points the params at them.
+  void place(uint8_t* region) {
+    size_t offset = 0;
+    for (Column& c : columns_) {
+      if (!c.on_host) {
+        *c.param = c.device->const_data_ptr<int64_t>();
+        continue;
+      }
+      if (column_bytes_ > 0) std::memcpy(region + offset, c.host, column_bytes_);
+      *c.param = reinterpret_cast<const int64_t*>(region + offset);
+      offset += slot(p_.batch);
+    }
+    p_.prefix_pointers = reinterpret_cast<const uint64_t*>(pointers_);
+  }
+
+ private:
+  struct Column {
+    const void* host;  // the checked values (null where there are none), else a CPU tensor's
+    const at::Tensor* device;
+    const int64_t** param;
+    bool on_host = false;
+  };
+  CacheIndexParams& p_;
+  const int64_t* pointers_ = nullptr;
+  size_t column_bytes_;
+  std::array<Column, kCount> columns_;
+  size_t ring_bytes_ = 0;
+};
+
+// The kernel on req_to_token's current stream, its host arrays in a ring region of their own,
+// sealed behind it. `held`, where given, runs once the region is held: under on_full="wait"
+// getting it may release the GIL, and another thread may then change what was checked.
 void write_on_cuda(CacheIndexParams& p, const PrefixTable& table, const RequestValues* checked,
                    const at::Tensor& req_to_token, std::array<const at::Tensor*, 4> tensors,
                    const std::function<void()>& held = nullptr) {
@@ -323,48 +383,16 @@ void write_on_cuda(CacheIndexParams& p, const PrefixTable& table, const RequestV
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(req_to_token.device().index());
   // A captured kernel would read ring memory reused long before the graph replays.
   check_not_capturing(stream, kOp);
-  // Where each array comes from, and where the kernel reads it.
-  const size_t column_bytes = static_cast<size_t>(p.batch) * sizeof(int64_t);
-  const size_t slot = align_up(column_bytes, kStagingAlignment);
-  struct Column {
-    const void* host;
-    const at::Tensor* device;
-    const int64_t** param;
-  };
-  const int64_t* pointers_param = nullptr;
-  Column columns[] = {
-      {table.pointers.data(), nullptr, &pointers_param},
-      {table.numels.data(), nullptr, &p.prefix_numels},
-      {checked ? checked->rows.data() : nullptr, tensors[0], &p.req_pool_indices},
-      {checked ? checked->prefix_lens.data() : nullptr, tensors[1], &p.prefix_lens},
-      {checked ? checked->seq_lens.data() : nullptr, tensors[2], &p.seq_lens},
-      // Checked on the host: the offsets given or computed.
-      {checked ? checked->offsets.data() : nullptr, tensors[3], &p.out_cache_offsets},
-  };
-  size_t total = 0;
-  for (Column& c : columns) {
-    if (c.host == nullptr && c.device->is_cpu()) c.host = c.device->const_data_ptr();
-    if (c.host != nullptr) total += slot;
-  }
+  KernelColumns columns(p, table, checked, tensors);
   StagingRing& ring = ring_for(req_to_token.device().index(), Direction::kToDevice);
-  LeaseGuard lease(ring, total);
+  LeaseGuard lease(ring, columns.ring_bytes());
   if (held) held();  // an error abandons the region: nothing read it
-  size_t offset = 0;
-  for (Column& c : columns) {
-    if (c.host == nullptr) {
-      *c.param = c.device->const_data_ptr<int64_t>();
-      continue;
-    }
-    std::memcpy(lease.data() + offset, c.host, column_bytes);
-    *c.param = reinterpret_cast<const int64_t*>(lease.data() + offset);
-    offset += slot;
-  }
-  p.prefix_pointers = reinterpret_cast<const uint64_t*>(pointers_param);
-  const int launched = launch_write_cache_indices(p, stream.stream());
+  columns.place(lease.data());
+  const int launched = launch_write_cache_indices(p, StagedCopy{}, stream.stream());
   // Sealed behind the kernel whether or not it was launched (a failed launch reads nothing).
   lease.commit(stream.stream());
   C10_CUDA_CHECK(static_cast<cudaError_t>(launched));
-  ring.counters().record(total, 0, 0);
+  ring.counters().record(columns.ring_bytes(), 0, 0);
 }
 #endif
 
@@ -463,6 +491,19 @@ void ListCacheWrite::run(const at::Tensor& out_cache_loc) {
   write_on_cuda(params_, table_, &values_, req_to_token_, {}, [this] { check_unchanged(); });
 #endif
 }
+
+#ifdef PINSTAGE_WITH_CUDA
+size_t ListCacheWrite::ring_bytes() const { return KernelColumns::kCount * KernelColumns::slot(params_.batch); }
+
+int ListCacheWrite::launch_with_copy(const int64_t* out_cache_loc, const StagedCopy& copy, uint8_t* columns,
+                                     void* stream) {
+  check_unchanged();
+  KernelColumns placed(params_, table_, &values_, {});
+  placed.place(columns);
+  params_.out_cache_loc = out_cache_loc;
+  return launch_write_cache_indices(params_, copy, stream);
+}
+#endif
 
 void ListCacheWrite::check_unchanged() const {
   const at::Tensor& t = req_to_token_;

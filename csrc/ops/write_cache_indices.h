@@ -33,6 +33,14 @@ struct CacheIndexParams {
   int64_t out_cache_len;
 };
 
+// Bytes the kernel copies besides writing the rows (stage_prefill's staging: from its ring region,
+// mapped pinned memory, to the items' device memory). None by default.
+struct StagedCopy {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  int64_t bytes = 0;
+};
+
 // One value per request, in memory of the op's own (read once from the caller's columns, so that another
 // thread cannot change a value between its check and its use). offsets: empty, or out_cache_offsets;
 // extend_lens: empty, or one per request (checked against seq_lens - prefix_lens).
@@ -75,6 +83,15 @@ class ListCacheWrite {
   ListCacheWrite(const ListCacheWrite&) = delete;  // params_ points into values_
   ListCacheWrite& operator=(const ListCacheWrite&) = delete;
   void run(const at::Tensor& out_cache_loc);
+#ifdef PINSTAGE_WITH_CUDA
+  // stage_prefill's write on a device, made by the launch that copies its staging (in place of
+  // run()): ring_bytes() more of the staging's ring region for the kernel's per-request arrays; then
+  // launch_with_copy() writes them at `columns`, checks again that req_to_token and the prefixes are
+  // what was checked, and launches the kernel on `stream`, reading out_cache_loc in the ring.
+  // Returns the launch's cudaError_t; throws only before launching.
+  size_t ring_bytes() const;
+  int launch_with_copy(const int64_t* out_cache_loc, const StagedCopy& copy, uint8_t* columns, void* stream);
+#endif
 
  private:
   void check_unchanged() const;  // req_to_token and the prefixes are still what was checked
@@ -92,9 +109,10 @@ void write_cache_indices_of_lists(const at::Tensor& req_to_token, PrefixRefs pre
                                   const at::Tensor& out_cache_loc, RequestValues values);
 
 #ifdef PINSTAGE_WITH_CUDA
-// One block per request on `stream` (a cudaStream_t); rows whose values are out of bounds are skipped.
-// Returns the launch's cudaError_t: the caller seals the ring region the kernel reads before checking it.
-int launch_write_cache_indices(const CacheIndexParams& p, void* stream);
+// One block per request on `stream` (a cudaStream_t), rows whose values are out of bounds skipped,
+// and blocks that copy `copy`. Returns the launch's cudaError_t: the caller seals the ring region
+// the kernel reads before checking it.
+int launch_write_cache_indices(const CacheIndexParams& p, const StagedCopy& copy, void* stream);
 #endif
 
 }  // namespace pinstage

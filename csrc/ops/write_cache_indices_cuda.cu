@@ -1,15 +1,18 @@
-// The CUDA half of write_cache_indices: one block per request, its threads striding over the row.
+// The CUDA half of write_cache_indices: one block per request, its threads striding over the row;
+// blocks past the batch copy a staging's bytes (stage_prefill: its copy and its cache rows in one launch).
 #include <cuda_runtime_api.h>
+
+#include <algorithm>
 
 #include "ops/write_cache_indices.h"
 
 namespace pinstage {
 namespace {
 
-constexpr int kThreadsPerRequest = 256;
+constexpr int kThreadsPerBlock = 256;
+constexpr int64_t kMaxCopyBlocks = 1024;  // each copy thread strides on past this many blocks' worth
 
-__global__ void write_cache_indices_kernel(const CacheIndexParams p) {
-  const int64_t req = blockIdx.x;
+__device__ void write_row(const CacheIndexParams& p, int64_t req) {
   const int64_t row = p.req_pool_indices[req];
   const int64_t prefix_len = p.prefix_lens[req];
   const int64_t seq_len = p.seq_lens[req];
@@ -30,12 +33,37 @@ __global__ void write_cache_indices_kernel(const CacheIndexParams p) {
   }
 }
 
+// 16 bytes per load where both ends are 16-byte aligned (the ring's regions and the caching
+// allocator's blocks are), the remaining bytes one by one.
+__device__ void copy_part(const StagedCopy& c, int64_t thread, int64_t threads) {
+  const bool aligned = ((reinterpret_cast<uintptr_t>(c.src) | reinterpret_cast<uintptr_t>(c.dst)) & 15) == 0;
+  const int64_t vectors = aligned ? c.bytes / 16 : 0;
+  const auto* src = static_cast<const uint4*>(c.src);
+  auto* dst = static_cast<uint4*>(c.dst);
+  for (int64_t i = thread; i < vectors; i += threads) dst[i] = src[i];
+  for (int64_t i = vectors * 16 + thread; i < c.bytes; i += threads) {
+    static_cast<uint8_t*>(c.dst)[i] = static_cast<const uint8_t*>(c.src)[i];
+  }
+}
+
+__global__ void write_cache_indices_kernel(const CacheIndexParams p, const StagedCopy copy) {
+  if (blockIdx.x < p.batch) {
+    write_row(p, blockIdx.x);
+    return;
+  }
+  const int64_t copy_blocks = gridDim.x - p.batch;
+  copy_part(copy, (blockIdx.x - p.batch) * blockDim.x + threadIdx.x, copy_blocks * blockDim.x);
+}
+
 }  // namespace
 
-int launch_write_cache_indices(const CacheIndexParams& p, void* stream) {
-  if (p.batch == 0) return static_cast<int>(cudaSuccess);
-  write_cache_indices_kernel<<<static_cast<unsigned int>(p.batch), kThreadsPerRequest, 0,
-                               static_cast<cudaStream_t>(stream)>>>(p);
+int launch_write_cache_indices(const CacheIndexParams& p, const StagedCopy& copy, void* stream) {
+  const int64_t per_block = int64_t{kThreadsPerBlock} * 16;
+  const int64_t copy_blocks = std::min(kMaxCopyBlocks, (copy.bytes + per_block - 1) / per_block);
+  const int64_t blocks = p.batch + copy_blocks;
+  if (blocks == 0) return static_cast<int>(cudaSuccess);
+  write_cache_indices_kernel<<<static_cast<unsigned int>(blocks), kThreadsPerBlock, 0,
+                               static_cast<cudaStream_t>(stream)>>>(p, copy);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -62,8 +62,10 @@ at::Tensor typed_view(const at::Tensor& buffer, size_t byte_offset, c10::ScalarT
 }
 
 // Every plan in one ring region (each at an aligned offset), one device allocation mirroring that
-// layout, ONE copy, and a view of it per plan; a single plan gets an allocation of its own dtype.
-std::vector<at::Tensor> stage_on_device(std::vector<ItemPlan>& plans, const Target& target, const char* item_api) {
+// layout, ONE copy (or `kernel`, its part of the region after the plans'), and a view of it per
+// plan; a single plan gets an allocation of its own dtype.
+std::vector<at::Tensor> stage_on_device(std::vector<ItemPlan>& plans, const Target& target, const char* item_api,
+                                        const KernelForCopy* kernel) {
   const c10::cuda::CUDAStream& stream = *target.stream;
   check_not_capturing(stream, item_api ? item_api : "stage_to_device");
   // Not skipped when the target is the current device: Python code run by a conversion (the
@@ -79,7 +81,13 @@ std::vector<at::Tensor> stage_on_device(std::vector<ItemPlan>& plans, const Targ
     offsets[i] = align_up(total, kStagingAlignment);
     total = offsets[i] + plans[i].nbytes;
   }
-  const bool single = plans.size() == 1;
+  size_t own = total;  // the kernel's part of the region
+  if (kernel) {
+    own = align_up(total, kStagingAlignment);
+    TORCH_CHECK(kernel->ring_bytes <= kMaxStagingBytes - own, "pinstage: the items together are more than 2**63 bytes");
+  }
+  const size_t region_bytes = kernel ? own + kernel->ring_bytes : total;
+  const bool single = plans.size() == 1 && !kernel;
   at::Tensor buffer;
   auto write = [&](uint8_t* region) {
     size_t fallbacks = 0;
@@ -95,7 +103,17 @@ std::vector<at::Tensor> stage_on_device(std::vector<ItemPlan>& plans, const Targ
                     : empty_on_stream({static_cast<int64_t>(total)}, c10::ScalarType::Byte, stream);
     return buffer.data_ptr();
   };
-  copy_through_ring(target.device.index(), total, stream.stream(), write, allocate);
+  if (kernel) {
+    through_ring(target.device.index(), region_bytes, stream.stream(), write, allocate,
+                 [&](LeaseGuard& lease, void* dst) {
+                   const int launched =
+                       kernel->launch(lease.data(), offsets.data(), total, dst, lease.data() + own, stream.stream());
+                   lease.launched(stream.stream());
+                   C10_CUDA_CHECK(static_cast<cudaError_t>(launched));
+                 });
+  } else {
+    copy_through_ring(target.device.index(), total, stream.stream(), write, allocate);
+  }
   if (single) return {std::move(buffer)};
   std::vector<at::Tensor> results;
   results.reserve(plans.size());
@@ -137,10 +155,14 @@ void check_out_unchanged(const at::Tensor& out, c10::ScalarType dtype, c10::Devi
 
 }  // namespace
 
-std::vector<at::Tensor> stage_plans(std::vector<ItemPlan>& plans, const Target& target, const char* item_api) {
-  if (target.device.is_cpu()) return stage_on_cpu(plans, item_api);
+std::vector<at::Tensor> stage_plans(std::vector<ItemPlan>& plans, const Target& target, const char* item_api,
+                                    const KernelForCopy* kernel) {
+  if (target.device.is_cpu()) {
+    TORCH_CHECK(kernel == nullptr, "pinstage: internal error: a kernel in place of a copy on the CPU");
+    return stage_on_cpu(plans, item_api);
+  }
 #ifdef PINSTAGE_WITH_CUDA
-  return stage_on_device(plans, target, item_api);
+  return stage_on_device(plans, target, item_api, kernel);
 #else
   built_without_cuda(target.device);
 #endif

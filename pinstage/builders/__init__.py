@@ -8,7 +8,8 @@ Two shapes that give equal tensors:
   stage_many.
 A prefill stages everything in one call: stage_prefill takes its lists, the sampling values of
 sampling_fields (validated host values, and how to assemble the SamplingBatch) and the lengths the
-logits indices come from, stages them in one copy and writes the cache rows behind it.
+logits indices come from, stages them in one copy and writes the cache rows (on a device, one kernel
+launch does both).
 """
 
 from .batch_state import BatchState

@@ -1,8 +1,9 @@
 """stage_prefill: what a prefill stages, in one compiled call. The caller's items (the prompt ids,
 positions, out_cache_loc and other lists, the sampling values of sampling_fields) and the logits
 processor's index tensors (as build_logprob_indices makes them) go into one ring region and one copy;
-where cache rows are given, write_cache_indices then points req_to_token's rows at the prefix slots
-and at the staged out_cache_loc, on the same stream. In a scheduler step each call from Python costs
+where cache rows are given on a device, the copy is one kernel launch that also points req_to_token's
+rows at the prefix slots and at out_cache_loc's slots, as write_cache_indices does (on the CPU: the
+copy, then write_cache_indices' loop). In a scheduler step each call from Python costs
 what its code takes to come back into the caches (docs/design.md, Measuring in a loop): one call
 instead of four."""
 
@@ -43,16 +44,17 @@ def stage_prefill(
     device: Device = None,
 ) -> Tuple[List[torch.Tensor], LogprobIndices]:
     """([tensor per item, as stage_many gives them], LogprobIndices), staged in one copy; with
-    cache_rows, req_to_token's rows written after it (on its stream). The device: stream's, else
+    cache_rows, req_to_token's rows written too, on the same stream (on a device by the kernel launch
+    that is the copy). The device: stream's, else
     `device`, else req_to_token's where cache_rows are given, else stage_many's default.
 
     Everything is checked before anything is staged or written, with the errors of stage_many (naming
     the item), build_logprob_indices and write_cache_indices (naming the request), when the
     per-request columns are lists of Python ints; where one is not (a numpy array, a tensor), the
     same calls are made one by one, and an error in the cache rows is then raised after the staging
-    (which wastes a ring region; req_to_token is untouched either way). After the copy only the cache
-    rows' own ring region (RingFullError under on_full="error") and a req_to_token or prefix changed
-    meanwhile (by Python code a conversion ran) can fail; nothing is written then. The kernel reads
+    (which wastes a ring region; req_to_token is untouched either way). Once the items are written
+    only a req_to_token or prefix changed meanwhile (by Python code a conversion ran) can fail;
+    nothing is staged or written then. The kernel reads
     the prefix tensors and writes req_to_token on `stream`: as with any op there, freeing them after
     the call is safe where their memory is reused on that stream, not where another stream reuses it
     first (record_stream them, or keep them).
