@@ -3,7 +3,7 @@
 # stage has a time box, so that a short lease still brings back what finished. Logs, JSON and plots
 # go to $OUT.
 # Usage: OUT=/some/dir bash bench/gpu_round.sh [tests] [collect] [sanitizer] [bench] [engines] [decode] [stress] [quick] [pack]
-#   or any one benchmark by name (microbench, static_inputs, overflow_blocks, builders, vllm_host,
+#   or any one benchmark by name (microbench, static_inputs, prefill_copy, overflow_blocks, builders, vllm_host,
 #   sglang_host, sglang_loop, vllm_loop, row_writes, prep_split; "decode" runs prep_split too)
 #   (no stage named: tests bench engines decode pack; "quick" shortens the benchmarks; "pack"
 #   leaves one round.tgz in $OUT, as a lease may bring back only a few files)
@@ -115,8 +115,8 @@ elif has sanitizer; then
 fi
 
 b="${BENCH_SECONDS:-120}"
-# "bench" names the four host benchmarks below, "engines" the five that run engine code.
-has bench && stages="$stages microbench static_inputs overflow_blocks builders"
+# "bench" names the five host benchmarks below, "engines" the five that run engine code.
+has bench && stages="$stages microbench static_inputs prefill_copy overflow_blocks builders"
 has engines && stages="$stages vllm_host sglang_host sglang_loop vllm_loop row_writes"
 if has microbench; then
   stamp "microbenchmark"
@@ -127,6 +127,11 @@ if has static_inputs; then
   stamp "StaticInputs"
   boxed static_inputs "$b" python3 bench/static_inputs.py $quick --json "$OUT/static_inputs.json"
   tail -n 25 "$OUT/static_inputs.log"
+fi
+if has prefill_copy; then
+  stamp "stage_prefill's one launch against a copy and a launch"
+  boxed prefill_copy "$b" python3 bench/prefill_copy.py --json "$OUT/prefill_copy.json"
+  tail -n 20 "$OUT/prefill_copy.log"
 fi
 if has overflow_blocks; then
   stamp "overflow blocks"

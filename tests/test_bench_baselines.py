@@ -2,7 +2,8 @@
 claim to (the engines' copy patterns give the builders' results, the decode loop's unguarded single
 copy and its snapshots write the static inputs), every decode-loop backend and the ideals' replays
 drive the same continuous batch to the same tokens (the benchmark asserts it; run small here), the
-prep split times one backend's timed steps only, and the builders' table fits a terminal."""
+prep split times one backend's timed steps only, the prefill-copy benchmark's two ways give the same
+tensors and rows, and the builders' table fits a terminal."""
 
 import contextlib
 import io
@@ -23,6 +24,7 @@ import _baselines  # noqa: E402
 import _decode_model  # noqa: E402
 import builders  # noqa: E402
 import decode_loop  # noqa: E402
+import prefill_copy  # noqa: E402
 import prep_split  # noqa: E402
 
 from pinstage.builders import write_cache_indices  # noqa: E402
@@ -175,6 +177,14 @@ def test_prep_split_times_the_timed_steps_of_its_backend_only(one_thread):
     assert all(r["median_us"] >= r["p10_us"] > 0 and r["cpu_median_us"] > 0 for r in table)
     # one (voluntary, involuntary) count per timed step where the OS counts them per thread
     assert len(step_switches) == (cfg.steps if hasattr(resource, "RUSAGE_THREAD") else 0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_prefill_copy_compares_two_ways_that_give_the_same_items_and_rows(device, monkeypatch):
+    prefill_copy.verify(256, device)  # asserts the items equal torch.tensor's and the rows
+    monkeypatch.setattr(prefill_copy, "write_cache_indices", lambda *args: None)
+    with pytest.raises(AssertionError, match="rows"):  # the second way writing no rows: the check fails
+        prefill_copy.verify(256, device)
 
 
 def test_rounds_rotate_the_order():
