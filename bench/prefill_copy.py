@@ -34,7 +34,8 @@ from pinstage.builders import CacheRows, stage_prefill, write_cache_indices  # n
 
 REQUESTS = 64
 PREFIX = 16
-TOKENS = [256, 4096, 32768, 200_000]  # 24 bytes of items each: 6 KB, 96 KB, 768 KB, 4.8 MB
+TOKENS = [256, 4096, 32768, 200_000]  # 6 KB, 96 KB, 768 KB, 4.8 MB of items
+BYTES_PER_TOKEN = 24  # three int64 items
 RING_SHARE = 4 << 20  # bytes one timed loop may stage: half the default ring, no overflow blocks
 METHODS = ["one_launch", "copy_then_launch", "copy_only"]
 # The aim: the launch's copy costs the device at most this much more than the copy engine's.
@@ -66,9 +67,9 @@ def copy_then_launch(items, lens, starts, c, dev):
     return staged
 
 
-def verify(tokens, dev):
+def verify(args, dev):
     """Both ways give the same tensors and rows as torch.tensor and a loop would (else the times compare nothing)."""
-    items, lens, starts, c = prefill(tokens, dev)
+    items, lens, starts, c = args
     one, _ = stage_prefill(items, lens, starts, c, device=dev)
     rows_one = c.req_to_token.clone()
     c.req_to_token.zero_()
@@ -82,8 +83,8 @@ def verify(tokens, dev):
     )
 
 
-def methods_for(tokens, dev):
-    items, lens, starts, c = prefill(tokens, dev)
+def methods_for(args, dev):
+    items, lens, starts, c = args
     return {
         "one_launch": lambda: stage_prefill(items, lens, starts, c, device=dev),
         "copy_then_launch": lambda: copy_then_launch(items, lens, starts, c, dev),
@@ -96,10 +97,12 @@ def run(args, report):
     busy = GpuBusy()
     cells = []
     for tokens in args.tokens:
-        verify(tokens, dev)
-        steps = max(1, min(args.steps, RING_SHARE // (24 * tokens)))
-        result = measure_cell(methods_for(tokens, dev), args.repeats, steps, busy, args.warmup)
-        cells.append({"tokens": tokens, "item_bytes": 24 * tokens, "steps_per_loop": steps, "methods": result})
+        one_prefill = prefill(tokens, dev)
+        verify(one_prefill, dev)
+        item_bytes = BYTES_PER_TOKEN * tokens
+        steps = max(1, min(args.steps, RING_SHARE // item_bytes))
+        result = measure_cell(methods_for(one_prefill, dev), args.repeats, steps, busy, args.warmup)
+        cells.append({"tokens": tokens, "item_bytes": item_bytes, "steps_per_loop": steps, "methods": result})
         print("  %d tokens measured" % tokens, file=sys.stderr)
     report["sections"]["gpu"] = cells
 
@@ -144,7 +147,7 @@ def main(argv=None):
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     if not torch.cuda.is_available():
         for tokens in args.tokens:
-            verify(tokens, "cpu")
+            verify(prefill(tokens, "cpu"), "cpu")
         print("bench/prefill_copy.py: both ways verified on the CPU; no GPU is visible, so nothing was timed")
         return 0
     _timing.pin_to_one_core()

@@ -181,10 +181,10 @@ def test_prep_split_times_the_timed_steps_of_its_backend_only(one_thread):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_prefill_copy_compares_two_ways_that_give_the_same_items_and_rows(device, monkeypatch):
-    prefill_copy.verify(256, device)  # asserts the items equal torch.tensor's and the rows
+    prefill_copy.verify(prefill_copy.prefill(256, device), device)  # asserts items and rows
     monkeypatch.setattr(prefill_copy, "write_cache_indices", lambda *args: None)
     with pytest.raises(AssertionError, match="rows"):  # the second way writing no rows: the check fails
-        prefill_copy.verify(256, device)
+        prefill_copy.verify(prefill_copy.prefill(256, device), device)
 
 
 def test_rounds_rotate_the_order():

@@ -43,6 +43,10 @@ class Prefill:
         self.params = random_params(rng, bs)
         self.table = torch.full((bs + 3, MAX_CONTEXT_LEN), SENTINEL, dtype=torch.int32, device=device)
 
+    def items(self):
+        """The prompt ids, positions and out_cache_loc (item 2, as cache_rows names it), int64."""
+        return [(self.ids, torch.int64), (self.positions, torch.int64), (self.locations, torch.int64)]
+
     def cache_rows(self, column=list):
         return CacheRows(
             self.table, column(self.rows), self.prefixes, column(self.prefix_lens), column(self.seq_lens), 2
@@ -53,8 +57,7 @@ class Prefill:
         fields, make_batch = (
             sampling_fields(self.params) if sampling_source is None else sampling_source.sampling_fields()
         )
-        items = [(self.ids, torch.int64), (self.positions, torch.int64), (self.locations, torch.int64)]
-        items += [(values, dtype) for _, values, dtype in fields]
+        items = self.items() + [(values, dtype) for _, values, dtype in fields]
         staged, indices = stage_prefill(items, column(self.lens), column(self.starts), self.cache_rows(column), **where)
         return staged[0], staged[1], staged[2], indices, make_batch(staged[3:])
 
@@ -179,7 +182,7 @@ def test_items_of_odd_sizes_and_megabytes_staged_with_the_cache_rows_are_right(r
         ([rng.random() for _ in range(3)], torch.float16),
         ([rng.randint(-(1 << 62), 1 << 62) for _ in range(extra_values)], torch.int64),
     ]
-    items = [(prefill.ids, torch.int64), (prefill.positions, torch.int64), (prefill.locations, torch.int64)] + odd
+    items = prefill.items() + odd
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     (staged, indices), still_busy = run_while_stream_busy(
@@ -210,7 +213,7 @@ def test_bad_cache_rows_stage_nothing_on_the_gpu(rng):
     rows = list(prefill.rows)
     rows[3] = -1
     cache = prefill.cache_rows()._replace(req_pool_indices=rows)
-    items = [(prefill.ids, torch.int64), (prefill.positions, torch.int64), (prefill.locations, torch.int64)]
+    items = prefill.items()
     torch.cuda.synchronize()
     before = pinstage.stats()
     with pytest.raises(IndexError, match="request 3: req_pool_indices is -1"):
