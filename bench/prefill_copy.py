@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """stage_prefill's copy on a device: its one kernel launch (the cache rows' kernel also copies the
-staged items, its SMs reading the ring's mapped pinned memory over PCIe) against the copy engine's
-copy followed by the rows' launch, host and device time, at item sizes from kilobytes to megabytes.
+staged items, its SMs reading the ring's mapped pinned memory over PCIe; above 256 KB of items the
+copy engine copies first) against the copy engine's copy followed by the rows' launch, host and
+device time, at item sizes from kilobytes to megabytes.
 
 Methods, each staging one prefill of 64 requests (prompt ids, positions and out_cache_loc, int64 per
 new token) and pointing req_to_token's rows at a 16-slot prefix and at out_cache_loc:
   one_launch        stage_prefill(items, ..., CacheRows(...)): one ring region, one kernel launch
+                    (over 256 KB: a cudaMemcpyAsync and the launch)
   copy_then_launch  stage_prefill(items, ...) without cache rows (one cudaMemcpyAsync), then
                     write_cache_indices on the staged out_cache_loc (one launch)
   copy_only         stage_prefill(items, ...) without cache rows: the copy engine's part alone
@@ -34,7 +36,7 @@ from pinstage.builders import CacheRows, stage_prefill, write_cache_indices  # n
 
 REQUESTS = 64
 PREFIX = 16
-TOKENS = [256, 4096, 32768, 200_000]  # 6 KB, 96 KB, 768 KB, 4.8 MB of items
+TOKENS = [256, 4096, 8192, 32768, 200_000]  # 6 KB, 96 KB, 192 KB, 768 KB, 4.8 MB of items
 BYTES_PER_TOKEN = 24  # three int64 items
 RING_SHARE = 4 << 20  # bytes one timed loop may stage: half the default ring, no overflow blocks
 METHODS = ["one_launch", "copy_then_launch", "copy_only"]

@@ -171,10 +171,11 @@ def test_one_copy_and_the_cache_rows_behind_a_busy_stream(rng):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("extra_values", [0, 7, 600_000])
+@pytest.mark.parametrize("extra_values", [0, 7, 30_000, 600_000])
 def test_items_of_odd_sizes_and_megabytes_staged_with_the_cache_rows_are_right(rng, extra_values):
-    """Items of odd byte counts (no multiple of 16) and, with 600k more values, 4.8 MB of them,
-    staged with the cache rows behind a busy stream: every byte of every item and every row."""
+    """Items of odd byte counts (no multiple of 16) and, with 30k or 600k more values, about 240 KB
+    (the kernel's blocks copy them) or 4.8 MB (the copy engine does, before the rows' launch), staged
+    with the cache rows behind a busy stream: every byte of every item and every row."""
     prefill = Prefill(rng, 12, "cuda")
     odd = [
         ([rng.randint(-128, 127) for _ in range(13)], torch.int8),

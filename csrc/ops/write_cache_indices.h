@@ -33,8 +33,9 @@ struct CacheIndexParams {
   int64_t out_cache_len;
 };
 
-// Bytes the kernel copies besides writing the rows (stage_prefill's staging: from its ring region,
-// mapped pinned memory, to the items' device memory). None by default.
+// Bytes copied with the rows (stage_prefill's staging: from its ring region, mapped pinned memory, to
+// the items' device memory): by the kernel's own blocks, or above 256 KB by the copy engine first.
+// None by default.
 struct StagedCopy {
   const void* src = nullptr;
   void* dst = nullptr;
@@ -87,7 +88,7 @@ class ListCacheWrite {
   // stage_prefill's write on a device, made by the launch that copies its staging (in place of
   // run()): ring_bytes() more of the staging's ring region for the kernel's per-request arrays; then
   // launch_with_copy() writes them at `columns`, checks again that req_to_token and the prefixes are
-  // what was checked, and launches the kernel on `stream`, reading out_cache_loc in the ring.
+  // what was checked, and launches the kernel on `stream`, reading out_cache_loc in the ring (or its device copy).
   // Returns the launch's cudaError_t; throws only before launching.
   size_t ring_bytes() const;
   int launch_with_copy(const int64_t* out_cache_loc, const StagedCopy& copy, uint8_t* columns, void* stream);
@@ -110,8 +111,9 @@ void write_cache_indices_of_lists(const at::Tensor& req_to_token, PrefixRefs pre
 
 #ifdef PINSTAGE_WITH_CUDA
 // One block per request on `stream` (a cudaStream_t), rows whose values are out of bounds skipped,
-// and blocks that copy `copy`. Returns the launch's cudaError_t: the caller seals the ring region
-// the kernel reads before checking it.
+// and blocks that copy `copy`; a copy over 256 KB is a cudaMemcpyAsync before the launch instead,
+// and an out_cache_loc inside it is read from its device copy. Returns the first failed call's
+// cudaError_t: the caller seals the ring region they read before checking it.
 int launch_write_cache_indices(const CacheIndexParams& p, const StagedCopy& copy, void* stream);
 #endif
 

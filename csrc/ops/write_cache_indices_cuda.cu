@@ -1,8 +1,10 @@
 // The CUDA half of write_cache_indices: one block per request, its threads striding over the row;
-// blocks past the batch copy a staging's bytes (stage_prefill: its copy and its cache rows in one launch).
+// blocks past the batch copy a staging's bytes (stage_prefill: its copy and its cache rows in one
+// launch), or for a large staging the copy engine does, first.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "ops/write_cache_indices.h"
 
@@ -11,6 +13,10 @@ namespace {
 
 constexpr int kThreadsPerBlock = 256;
 constexpr int64_t kMaxCopyBlocks = 1024;  // each copy thread strides on past this many blocks' worth
+// The most bytes the kernel's blocks copy themselves. SMs reading mapped memory over PCIe take less
+// device time than a cudaMemcpyAsync and a second launch up to a few hundred kilobytes and more above
+// (bench/prefill_copy.py; docs/design.md, Measuring in a loop): above it the copy engine copies.
+constexpr int64_t kBlocksCopyMaxBytes = int64_t{256} << 10;
 
 __device__ void write_row(const CacheIndexParams& p, int64_t req) {
   const int64_t row = p.req_pool_indices[req];
@@ -57,13 +63,27 @@ __global__ void write_cache_indices_kernel(const CacheIndexParams p, const Stage
 
 }  // namespace
 
-int launch_write_cache_indices(const CacheIndexParams& p, const StagedCopy& copy, void* stream) {
+int launch_write_cache_indices(const CacheIndexParams& params, const StagedCopy& copy, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  CacheIndexParams p = params;
+  StagedCopy by_blocks = copy;
+  if (copy.bytes > kBlocksCopyMaxBytes) {
+    const cudaError_t copied = cudaMemcpyAsync(copy.dst, copy.src, static_cast<size_t>(copy.bytes),
+                                               cudaMemcpyHostToDevice, s);
+    if (copied != cudaSuccess) return static_cast<int>(copied);
+    // out_cache_loc staged with the copy: the rows read the device's copy of it, behind the copy.
+    const auto src = reinterpret_cast<uintptr_t>(copy.src);
+    const auto loc = reinterpret_cast<uintptr_t>(p.out_cache_loc);
+    if (loc >= src && loc - src < static_cast<uintptr_t>(copy.bytes)) {
+      p.out_cache_loc = reinterpret_cast<const int64_t*>(static_cast<uint8_t*>(copy.dst) + (loc - src));
+    }
+    by_blocks = StagedCopy{};
+  }
   const int64_t per_block = int64_t{kThreadsPerBlock} * 16;
-  const int64_t copy_blocks = std::min(kMaxCopyBlocks, (copy.bytes + per_block - 1) / per_block);
+  const int64_t copy_blocks = std::min(kMaxCopyBlocks, (by_blocks.bytes + per_block - 1) / per_block);
   const int64_t blocks = p.batch + copy_blocks;
   if (blocks == 0) return static_cast<int>(cudaSuccess);
-  write_cache_indices_kernel<<<static_cast<unsigned int>(blocks), kThreadsPerBlock, 0,
-                               static_cast<cudaStream_t>(stream)>>>(p, copy);
+  write_cache_indices_kernel<<<static_cast<unsigned int>(blocks), kThreadsPerBlock, 0, s>>>(p, by_blocks);
   return static_cast<int>(cudaGetLastError());
 }
 

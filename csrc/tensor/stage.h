@@ -22,7 +22,7 @@ void stage_into(PyObject* data, PyObject* out, PyObject* stream);
 
 // A kernel that takes the place of a staging's copy on a device (stage_prefill's cache rows): it
 // needs `ring_bytes` more of the staging's ring region, after the items, and launch() enqueues it on
-// the stream; it copies the items' `bytes` from `region` (mapped pinned memory; item i at
+// the stream; it has the items' `bytes` copied from `region` (mapped pinned memory; item i at
 // item_offsets[i]) to `device` and does its own work, reading its part of the region at `own`.
 // launch() throws only before it launches (nothing is then enqueued) and returns the launch's
 // cudaError_t.
