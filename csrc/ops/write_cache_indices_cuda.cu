@@ -68,8 +68,8 @@ int launch_write_cache_indices(const CacheIndexParams& params, const StagedCopy&
   CacheIndexParams p = params;
   StagedCopy by_blocks = copy;
   if (copy.bytes > kBlocksCopyMaxBytes) {
-    const cudaError_t copied = cudaMemcpyAsync(copy.dst, copy.src, static_cast<size_t>(copy.bytes),
-                                               cudaMemcpyHostToDevice, s);
+    const cudaError_t copied =
+        cudaMemcpyAsync(copy.dst, copy.src, static_cast<size_t>(copy.bytes), cudaMemcpyHostToDevice, s);
     if (copied != cudaSuccess) return static_cast<int>(copied);
     // out_cache_loc staged with the copy: the rows read the device's copy of it, behind the copy.
     const auto src = reinterpret_cast<uintptr_t>(copy.src);
