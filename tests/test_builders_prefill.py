@@ -8,6 +8,7 @@ from staging_reference import assert_same_tensor
 from support import DEVICES, assert_fields_equal, random_params, run_while_stream_busy
 
 import pinstage
+from pinstage import _C
 from pinstage.builders import (
     BatchState,
     CacheRows,
@@ -21,6 +22,10 @@ from pinstage.builders import (
 
 MAX_CONTEXT_LEN = 64
 SENTINEL = -7  # cells no request owns keep it
+# int64 values that, with a 12-request Prefill's items (under 32 KB), keep a staging under the bound
+# up to which stage_prefill's launch copies the items itself, or take it just over (the copy engine).
+UNDER_THE_BOUND = (_C.PREFILL_BLOCKS_COPY_MAX_BYTES - (64 << 10)) // 8
+OVER_THE_BOUND = _C.PREFILL_BLOCKS_COPY_MAX_BYTES // 8 + 1
 
 
 class Prefill:
@@ -171,11 +176,11 @@ def test_one_copy_and_the_cache_rows_behind_a_busy_stream(rng):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("extra_values", [0, 7, 30_000, 600_000])
+@pytest.mark.parametrize("extra_values", [0, 7, UNDER_THE_BOUND, OVER_THE_BOUND, 600_000])
 def test_items_of_odd_sizes_and_megabytes_staged_with_the_cache_rows_are_right(rng, extra_values):
-    """Items of odd byte counts (no multiple of 16) and, with 30k or 600k more values, about 240 KB
-    (the kernel's blocks copy them) or 4.8 MB (the copy engine does, before the rows' launch), staged
-    with the cache rows behind a busy stream: every byte of every item and every row."""
+    """Items of odd byte counts (no multiple of 16) and, with more values, just under the bound of
+    the launch's own copy, just over it or 4.8 MB (the copy engine copies those two, before the
+    rows' launch), staged with the cache rows behind a busy stream: every byte of every item and row."""
     prefill = Prefill(rng, 12, "cuda")
     odd = [
         ([rng.randint(-128, 127) for _ in range(13)], torch.int8),
@@ -194,6 +199,36 @@ def test_items_of_odd_sizes_and_megabytes_staged_with_the_cache_rows_are_right(r
     for i, ((values, dtype), got) in enumerate(zip(items, staged)):
         assert_same_tensor(got, torch.tensor(values, dtype=dtype, device="cuda"), "item %d" % i)
     assert_fields_equal(indices, build_logprob_indices(prefill.lens, prefill.starts, device="cuda"))
+    assert torch.equal(prefill.table.cpu(), prefill.expected_table().cpu()), "req_to_token"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("extra_values, copies", [(UNDER_THE_BOUND, 0), (OVER_THE_BOUND, 1)])
+def test_the_copy_engine_copies_only_the_items_over_the_bound(rng, extra_values, copies):
+    """Up to _C.PREFILL_BLOCKS_COPY_MAX_BYTES of items the one launch copies them (no host-to-device
+    copy on the device's timeline); over it one copy-engine copy comes first. The size cases above
+    rely on this to cover both ways."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prefill = Prefill(rng, 12, "cuda")
+    items = prefill.items() + [(list(range(extra_values)), torch.int64)]
+
+    def run():
+        return stage_prefill(items, prefill.lens, prefill.starts, prefill.cache_rows())
+
+    run()  # the kernel's module loaded, the ring made: outside the profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        staged, _ = run()
+        torch.cuda.synchronize()
+    on_device = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    if not on_device:
+        pytest.skip("the profiler records no device activity here (no CUPTI activity)")
+    launches = [n for n in on_device if "write_cache_indices_kernel" in n]
+    h2d = [n for n in on_device if "memcpy" in n.lower() and "htod" in n.lower().replace(" ", "")]
+    assert len(launches) == 1, "stage_prefill's launches: %s" % on_device
+    assert len(h2d) == copies, "host-to-device copies of %d extra values: %s" % (extra_values, on_device)
+    assert_same_tensor(staged[-1], torch.tensor(items[-1][0], dtype=torch.int64, device="cuda"), "extra values")
     assert torch.equal(prefill.table.cpu(), prefill.expected_table().cpu()), "req_to_token"
 
 

@@ -360,6 +360,8 @@ PYBIND11_MODULE(_C, m) {
 #else
   m.attr("built_with_cuda") = false;
 #endif
+  // stage_prefill on a device: the most bytes of items its launch copies itself (above: the copy engine).
+  m.attr("PREFILL_BLOCKS_COPY_MAX_BYTES") = kBlocksCopyMaxBytes;
   m.def("target_device", [](py::handle stream, py::handle device) {
     return translate_errors([&] { return resolve_target(stream.ptr(), device.ptr()).device; });
   });

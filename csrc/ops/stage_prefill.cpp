@@ -57,7 +57,7 @@ std::vector<at::Tensor> stage_prefill(PyObject* items, std::vector<int64_t> exte
 #ifdef PINSTAGE_WITH_CUDA
   if (cache_write && target.stream) {
     // One launch copies the items and writes the rows, reading out_cache_loc in the ring region
-    // (above 256 KB of items the copy engine copies them first: launch_write_cache_indices).
+    // (above kBlocksCopyMaxBytes of items the copy engine copies them first).
     const KernelForCopy kernel{cache_write->ring_bytes(), [&](const uint8_t* region, const size_t* offsets,
                                                               size_t bytes, void* device, uint8_t* own, void* stream) {
                                  const auto* loc = reinterpret_cast<const int64_t*>(region + offsets[loc_item]);

@@ -33,9 +33,14 @@ struct CacheIndexParams {
   int64_t out_cache_len;
 };
 
+// The most bytes the kernel's blocks copy themselves (256 KB). SMs reading mapped memory over PCIe take
+// less device time than a cudaMemcpyAsync and a second launch up to a few hundred kilobytes and more
+// above (bench/prefill_copy.py; docs/design.md, Measuring in a loop): above it the copy engine copies.
+inline constexpr int64_t kBlocksCopyMaxBytes = int64_t{256} << 10;
+
 // Bytes copied with the rows (stage_prefill's staging: from its ring region, mapped pinned memory, to
-// the items' device memory): by the kernel's own blocks, or above 256 KB by the copy engine first.
-// None by default.
+// the items' device memory): by the kernel's own blocks, or above kBlocksCopyMaxBytes by the copy
+// engine first. None by default.
 struct StagedCopy {
   const void* src = nullptr;
   void* dst = nullptr;
@@ -111,8 +116,8 @@ void write_cache_indices_of_lists(const at::Tensor& req_to_token, PrefixRefs pre
 
 #ifdef PINSTAGE_WITH_CUDA
 // One block per request on `stream` (a cudaStream_t), rows whose values are out of bounds skipped,
-// and blocks that copy `copy`; a copy over 256 KB is a cudaMemcpyAsync before the launch instead,
-// and an out_cache_loc inside it is read from its device copy. Returns the first failed call's
+// and blocks that copy `copy`; a larger copy than kBlocksCopyMaxBytes is a cudaMemcpyAsync before the
+// launch instead, and an out_cache_loc inside it is read from its device copy. Returns the first failed call's
 // cudaError_t: the caller seals the ring region they read before checking it.
 int launch_write_cache_indices(const CacheIndexParams& p, const StagedCopy& copy, void* stream);
 #endif

@@ -13,10 +13,6 @@ namespace {
 
 constexpr int kThreadsPerBlock = 256;
 constexpr int64_t kMaxCopyBlocks = 1024;  // each copy thread strides on past this many blocks' worth
-// The most bytes the kernel's blocks copy themselves. SMs reading mapped memory over PCIe take less
-// device time than a cudaMemcpyAsync and a second launch up to a few hundred kilobytes and more above
-// (bench/prefill_copy.py; docs/design.md, Measuring in a loop): above it the copy engine copies.
-constexpr int64_t kBlocksCopyMaxBytes = int64_t{256} << 10;
 
 __device__ void write_row(const CacheIndexParams& p, int64_t req) {
   const int64_t row = p.req_pool_indices[req];

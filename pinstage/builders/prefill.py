@@ -3,9 +3,9 @@ positions, out_cache_loc and other lists, the sampling values of sampling_fields
 processor's index tensors (as build_logprob_indices makes them) go into one ring region and one copy;
 where cache rows are given on a device, the copy is one kernel launch that also points req_to_token's
 rows at the prefix slots and at out_cache_loc's slots, as write_cache_indices does (above 256 KB of
-items the copy engine copies first and that launch writes the rows; on the CPU: the copy, then
-write_cache_indices' loop). In a scheduler step each call from Python costs
-what its code takes to come back into the caches (docs/design.md, Measuring in a loop): one call
+items, _C.PREFILL_BLOCKS_COPY_MAX_BYTES, the copy engine copies first and that launch writes the
+rows; on the CPU: the copy, then write_cache_indices' loop). In a scheduler step each call from
+Python costs what its code takes to come back into the caches (docs/design.md, Measuring in a loop): one call
 instead of four."""
 
 from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
@@ -46,8 +46,9 @@ def stage_prefill(
 ) -> Tuple[List[torch.Tensor], LogprobIndices]:
     """([tensor per item, as stage_many gives them], LogprobIndices), staged in one copy; with
     cache_rows, req_to_token's rows written too, on the same stream (on a device by the kernel launch
-    that is the copy, or that follows it for items over 256 KB). The device: stream's, else
-    `device`, else req_to_token's where cache_rows are given, else stage_many's default.
+    that is the copy, or that follows it for items over _C.PREFILL_BLOCKS_COPY_MAX_BYTES). The
+    device: stream's, else `device`, else req_to_token's where cache_rows are given, else
+    stage_many's default.
 
     Everything is checked before anything is staged or written, with the errors of stage_many (naming
     the item), build_logprob_indices and write_cache_indices (naming the request), when the
