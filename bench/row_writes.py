@@ -127,15 +127,18 @@ def cycling(table, steps):
 def race(make, shape, k, busy, device):
     """Wrong values over RACE_STEPS snapshots taken behind a busy kernel, against torch indexing."""
     table = make(shape, device)
-    ref = TorchIndexTable(shape, "cpu")
-    torch.cuda.synchronize()
-    done = busy.launch(RACE_SLEEP_MS * 1000.0)
-    snapshots, expected = [], []
-    for rows, starts, values in make_steps(shape, k, RACE_STEPS, seed=99):
-        table.step(rows, starts, values)
-        snapshots.append(table.table.clone())
+    steps = make_steps(shape, k, RACE_STEPS, seed=99)
+    # The reference first: its host copies of a 16 MB table outlasted the busy kernel on a slow host.
+    ref, expected = TorchIndexTable(shape, "cpu"), []
+    for rows, starts, values in steps:
         ref.step(rows, starts, values)
         expected.append(ref.table.clone())
+    torch.cuda.synchronize()
+    done = busy.launch(RACE_SLEEP_MS * 1000.0)
+    snapshots = []
+    for rows, starts, values in steps:
+        table.step(rows, starts, values)
+        snapshots.append(table.table.clone())
     covered = not done.query()  # the steps were all issued behind the busy kernel: a race could show
     torch.cuda.synchronize()
     wrong = [int((got.cpu() != want).sum()) for got, want in zip(snapshots, expected)]
