@@ -158,3 +158,21 @@ def run_while_stream_busy(build, stream=None):
     with pinstage.testing.no_sync():
         result = build()
     return result, not done.query()
+
+
+def profiled_on_device(fn):
+    """(fn()'s result, the names of every profiled event, the names of those on the device's
+    timeline: copies and kernels), the device synchronised inside the profile so that they are in it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        result = fn()
+        torch.cuda.synchronize()
+    events = prof.events()
+    on_device = [e.name for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    return result, [e.name for e in events], on_device
+
+
+def is_host_to_device_copy(name):
+    """Whether a profiled device event is a host-to-device copy ("Memcpy HtoD (Pinned -> Device)")."""
+    return "memcpy" in name.lower() and "htod" in name.lower().replace(" ", "")

@@ -5,7 +5,14 @@ import numpy as np
 import pytest
 import torch
 from staging_reference import assert_same_tensor
-from support import DEVICES, assert_fields_equal, random_params, run_while_stream_busy
+from support import (
+    DEVICES,
+    assert_fields_equal,
+    is_host_to_device_copy,
+    profiled_on_device,
+    random_params,
+    run_while_stream_busy,
+)
 
 import pinstage
 from pinstage import _C
@@ -208,8 +215,6 @@ def test_the_copy_engine_copies_only_the_items_over_the_bound(rng, extra_values,
     """Up to _C.PREFILL_BLOCKS_COPY_MAX_BYTES of items the one launch copies them (no host-to-device
     copy on the device's timeline); over it one copy-engine copy comes first. The size cases above
     rely on this to cover both ways."""
-    from torch.profiler import ProfilerActivity, profile
-
     prefill = Prefill(rng, 12, "cuda")
     items = prefill.items() + [(list(range(extra_values)), torch.int64)]
 
@@ -218,14 +223,11 @@ def test_the_copy_engine_copies_only_the_items_over_the_bound(rng, extra_values,
 
     run()  # the kernel's module loaded, the ring made: outside the profile
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        staged, _ = run()
-        torch.cuda.synchronize()
-    on_device = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    (staged, _), _, on_device = profiled_on_device(run)
     if not on_device:
         pytest.skip("the profiler records no device activity here (no CUPTI activity)")
     launches = [n for n in on_device if "write_cache_indices_kernel" in n]
-    h2d = [n for n in on_device if "memcpy" in n.lower() and "htod" in n.lower().replace(" ", "")]
+    h2d = [n for n in on_device if is_host_to_device_copy(n)]
     assert len(launches) == 1, "stage_prefill's launches: %s" % on_device
     assert len(h2d) == copies, "host-to-device copies of %d extra values: %s" % (extra_values, on_device)
     assert_same_tensor(staged[-1], torch.tensor(items[-1][0], dtype=torch.int64, device="cuda"), "extra values")

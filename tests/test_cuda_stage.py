@@ -25,6 +25,7 @@ from staging_reference import (
     natural_values,
     seeded_rng,
 )
+from support import is_host_to_device_copy, profiled_on_device
 from threads import run_in_threads
 
 import pinstage
@@ -683,8 +684,6 @@ def test_stage_many_is_one_allocation_of_disjoint_views():
 
 @pytest.mark.cuda
 def test_stage_many_enqueues_one_copy():
-    from torch.profiler import ProfilerActivity, profile
-
     rng = seeded_rng("many-copy")
     items = _many_items(rng)
     singles = [natural_values(torch.int64, 20, rng) for _ in range(3)]
@@ -692,11 +691,8 @@ def test_stage_many_enqueues_one_copy():
     torch.cuda.synchronize()
 
     def host_to_device_copies(fn):
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            fn()
-            torch.cuda.synchronize()
-        names = [e.name for e in prof.events()]
-        return sum(1 for n in names if "memcpy" in n.lower() and "htod" in n.lower().replace(" ", "")), names
+        _, names, on_device = profiled_on_device(fn)
+        return sum(1 for n in on_device if is_host_to_device_copy(n)), names
 
     three, names = host_to_device_copies(lambda: [pinstage.stage_to_device(s, torch.int64) for s in singles])
     if three == 0:
