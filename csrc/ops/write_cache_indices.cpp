@@ -337,10 +337,11 @@ class KernelColumns {
     }
   }
 
-  // Ring bytes for `batch` requests with every array on the host.
+  // Ring bytes for one array of `batch` requests, and for all of them on the host.
   static size_t slot(int64_t batch) {
     return align_up(static_cast<size_t>(batch) * sizeof(int64_t), kStagingAlignment);
   }
+  static size_t host_ring_bytes(int64_t batch) { return kCount * slot(batch); }
   size_t ring_bytes() const { return ring_bytes_; }
 
   // Writes the host arrays at `region` (ring_bytes() of ring memory) and points the params at them.
@@ -493,7 +494,7 @@ void ListCacheWrite::run(const at::Tensor& out_cache_loc) {
 }
 
 #ifdef PINSTAGE_WITH_CUDA
-size_t ListCacheWrite::ring_bytes() const { return KernelColumns::kCount * KernelColumns::slot(params_.batch); }
+size_t ListCacheWrite::ring_bytes() const { return KernelColumns::host_ring_bytes(params_.batch); }
 
 int ListCacheWrite::launch_with_copy(const int64_t* out_cache_loc, const StagedCopy& copy, uint8_t* columns,
                                      void* stream) {
