@@ -558,6 +558,10 @@ def test_cpu_tensors(dtype):
         check(t, dtype)
         check(t.reshape(6, 10).t(), dtype)
         check(t.reshape(3, 4, 5).permute(2, 0, 1), dtype)
+    for complex_dtype in (torch.complex64, torch.complex128):  # negative views: their values are negated
+        z = torch.tensor([1 + 2j, -3.5 - 0.25j, 0.5j], dtype=complex_dtype).conj()
+        check(z.imag, dtype)
+        check(z.imag.flip(0), dtype)
         check(t[::4], dtype)
         check(t[7], dtype)
         check(t.reshape(6, 10)[1:5, 2:9:3], dtype)
@@ -695,6 +699,16 @@ STRUCTURAL_ERRORS = [
     lambda: np.array([1, 2], dtype=">i4"),
     lambda: np.array([1, "a"], dtype=object),
     lambda: memoryview(np.arange(6, dtype=np.int32).reshape(2, 3)),
+    # numpy scalars whose buffer shows bytes, not a number (datetime64's leaves out its strides)
+    lambda: np.timedelta64(1, "s"),
+    lambda: np.datetime64("2020-01-01"),
+    lambda: np.datetime64("NaT"),
+    lambda: [np.timedelta64(1, "s")],
+    lambda: np.bytes_(b"ab"),
+    # torch refuses numpy's ulonglong arrays (uint64 is 'L' where long is 64 bits), not its scalars
+    lambda: np.array([1, 2], dtype=np.ulonglong),
+    lambda: np.array(5, dtype=np.ulonglong),
+    lambda: np.ulonglong(5),
 ]
 
 
@@ -772,6 +786,28 @@ def test_stage_many_cpu_error_matches_torch():
     assert "300" in str(info.value) and "uint8" in str(info.value), str(info.value)
     with pytest.raises(ValueError):
         pinstage.stage_many([([[1, 2], [3]], torch.int64)], device="cpu")
+
+
+class TwoArgumentError(Exception):
+    def __init__(self, a, b):
+        super().__init__(a, b)
+
+
+class IndexRaisingTwoArgumentError:
+    def __index__(self):
+        raise TwoArgumentError(1, 2)
+
+
+def test_an_error_that_cannot_be_made_from_a_message_is_raised_as_it_was():
+    """stage_many names the failing item by making its error again with a prefixed message; an
+    exception class whose __init__ takes other arguments keeps its own instance, and the item is
+    named in a note (PEP 678) instead."""
+    data = [IndexRaisingTwoArgumentError()]
+    assert isinstance(expected(data, torch.int64)[1], TwoArgumentError)
+    with pytest.raises(TwoArgumentError) as info:
+        pinstage.stage_many([([1], torch.int64), (data, torch.int64)], device="cpu")
+    assert info.value.args == (1, 2)
+    assert getattr(info.value, "__notes__", None) == ["pinstage.stage_many: item 1"], info.value.__dict__
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)

@@ -83,6 +83,15 @@ c10::ScalarType element_type_of(const char* format, Py_ssize_t itemsize, bool se
   }
 }
 
+// torch maps a numpy array's element type by its type number, not its size: where C long is 64
+// bits, numpy's uint64 is 'L' and an array of ulonglong ('Q', the same bytes) is refused
+// ("can't convert np.ndarray of type numpy.ulonglong"). Scalars of it are read as Python ints.
+bool numpy_array_type_torch_refuses(const char* format) {
+  if (format == nullptr || sizeof(long) != 8) return false;
+  if (*format == '@' || *format == '=' || *format == kNativeOrder) ++format;
+  return format[0] == 'Q' && format[1] == '\0';
+}
+
 // One element of a sequence, converted as torch.tensor converts the Python number it reads as.
 template <class T, class S>
 bool store_element(const S& v, T* out) {
@@ -209,13 +218,27 @@ bool BufferSource::open(PyObject* obj) {
 bool BufferSource::read_view(const Py_buffer& v) {
   element_type_ = element_type_of(v.format, v.itemsize, kind_ == Kind::kSequence);
   // torch.tensor reads a memoryview of halves as a sequence it cannot size, and a sequence of more
-  // than one dimension not at all: let it raise its own errors.
-  const bool readable = element_type_ != c10::ScalarType::Undefined &&
-                        (kind_ != Kind::kSequence || (v.ndim == 1 && element_type_ != c10::ScalarType::Half));
-  if (!readable) return false;
+  // than one dimension not at all: let it raise its own errors. A numpy scalar that exports more
+  // than one element (bytes_, datetime64 and timedelta64 show their bytes) is no number of that
+  // element type: torch.tensor decides.
+  bool readable = element_type_ != c10::ScalarType::Undefined;
+  switch (kind_) {
+    case Kind::kSequence:
+      readable = readable && v.ndim == 1 && element_type_ != c10::ScalarType::Half;
+      break;
+    case Kind::kNumpyScalar:
+      readable = readable && v.ndim == 0;
+      break;
+    case Kind::kNumpyArray:
+      readable = readable && !numpy_array_type_torch_refuses(v.format);
+      break;
+  }
+  // PyBUF_RECORDS_RO asks for strides, but an exporter may leave them out (numpy's datetime64
+  // scalars do): read only what was given.
+  if (!readable || (v.ndim > 0 && (v.shape == nullptr || v.strides == nullptr))) return false;
   shape_.assign(v.shape, v.shape + v.ndim);
   element_strides_.resize(static_cast<size_t>(v.ndim));
-  for (int d = 0; d < v.ndim; ++d) {  // PyBUF_RECORDS_RO asks for strides: they are filled in
+  for (int d = 0; d < v.ndim; ++d) {
     // Negative or fractional strides: torch.from_numpy refuses them (ValueError), so torch decides.
     if (v.strides[d] < 0 || v.strides[d] % v.itemsize != 0) return false;
     element_strides_[static_cast<size_t>(d)] = v.strides[d] / v.itemsize;

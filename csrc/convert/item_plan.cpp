@@ -85,7 +85,9 @@ void write_tensor(const ItemPlan& plan, void* dst) {
   }
   NoPythonDispatch no_python;
   at::AutoDispatchBelowAutograd no_autograd;
-  at::from_blob(dst, plan.shape, at::TensorOptions().dtype(plan.dtype)).copy_(t);
+  // copy_ from a negative view (tensor.conj().imag) negates its destination after copying, which
+  // is wrong or missing for some dtypes (half, bool, unsigned): the source is negated first.
+  at::from_blob(dst, plan.shape, at::TensorOptions().dtype(plan.dtype)).copy_(t.is_neg() ? t.resolve_neg() : t);
 }
 
 // torch.tensor reads a numpy scalar as the Python number it stands for: a scalar of the requested

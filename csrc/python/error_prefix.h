@@ -11,6 +11,26 @@
 
 namespace pinstage {
 
+// The error `value` of `type` again, its message prefixed with where + ": " (a new reference), or
+// null where the type cannot be made from one message (an __init__ that takes other arguments):
+// then the original is raised, the prefix added as a note (PEP 678) that its traceback shows.
+inline PyObject* prefixed_error(PyObject* type, PyObject* value, const std::string& where) {
+  THPObjectPtr text(value != nullptr ? PyObject_Str(value) : nullptr);
+  const char* message = text.get() != nullptr ? PyUnicode_AsUTF8(text.get()) : nullptr;
+  if (message == nullptr) PyErr_Clear();
+  const std::string prefixed = where + ": " + (message != nullptr ? message : "(no message)");
+  THPObjectPtr arg(PyUnicode_FromStringAndSize(prefixed.data(), static_cast<Py_ssize_t>(prefixed.size())));
+  PyObject* made = arg.get() != nullptr ? PyObject_CallOneArg(type, arg.get()) : nullptr;
+  if (made != nullptr && PyExceptionInstance_Check(made)) return made;
+  Py_XDECREF(made);
+  PyErr_Clear();
+  if (value != nullptr) {
+    THPObjectPtr noted(PyObject_CallMethod(value, "add_note", "s", where.c_str()));
+    if (noted.get() == nullptr) PyErr_Clear();
+  }
+  return nullptr;
+}
+
 // Runs fn(); an error it raises keeps its exception type, its message prefixed with prefix() + ": ".
 // prefix is called only when there is an error.
 template <class Prefix, class Fn>
@@ -22,14 +42,11 @@ auto with_error_prefix(Prefix&& prefix, Fn&& fn) -> decltype(fn()) {
     PyErr_Fetch(&type, &value, &traceback);
     if (type == nullptr) throw;
     PyErr_NormalizeException(&type, &value, &traceback);
-    THPObjectPtr text(value != nullptr ? PyObject_Str(value) : nullptr);
-    const char* message = text.get() != nullptr ? PyUnicode_AsUTF8(text.get()) : nullptr;
-    if (message == nullptr) PyErr_Clear();
-    const std::string where = prefix();
-    PyErr_Format(type, "%s: %s", where.c_str(), message != nullptr ? message : "(no message)");
-    Py_XDECREF(type);
-    Py_XDECREF(value);
-    Py_XDECREF(traceback);
+    if (PyObject* prefixed = prefixed_error(type, value, prefix())) {
+      Py_XDECREF(value);
+      value = prefixed;
+    }
+    PyErr_Restore(type, value, traceback);
     throw PythonError();
   } catch (const c10::TypeError& e) {
     TORCH_CHECK_TYPE(false, prefix(), ": ", e.what_without_backtrace());
