@@ -279,6 +279,9 @@ def test_integer_tensors_and_arrays_of_any_width_are_columns(rng):
     none = np.array([])
     write_cache_indices(empty, none, [], none, none, none, torch.zeros(0, dtype=torch.int64))
     assert (empty == SENTINEL).all()  # numpy's empty array is float64: an empty batch all the same
+    none = torch.tensor([])  # so is torch's (float32)
+    write_cache_indices(empty, none, [], none, none, none, torch.zeros(0, dtype=torch.int64))
+    assert (empty == SENTINEL).all()
 
 
 @pytest.mark.parametrize("device", DEVICES)

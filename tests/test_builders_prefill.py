@@ -151,6 +151,28 @@ def test_bad_input_raises_and_writes_nothing(rng, column, change, error, message
     assert (prefill.table == SENTINEL).all(), "req_to_token was written"
 
 
+@pytest.mark.parametrize("column", [list, np.array, torch.tensor])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(req_to_token=None), "req_to_token must be a tensor, got NoneType"),
+        (dict(out_cache_loc=True), "out_cache_loc must be the index of an item \\(an int\\), got bool"),
+        (dict(out_cache_loc=np.int64(2)), "out_cache_loc must be the index of an item \\(an int\\), got int64"),
+        (dict(out_cache_loc=2.0), "out_cache_loc must be the index of an item \\(an int\\), got float"),
+    ],
+)
+def test_cache_rows_of_the_wrong_type_raise_the_same_error_for_every_column_form(rng, column, change, message):
+    """A None req_to_token is not "no cache rows", with or without a device given; every column form
+    (the compiled path's lists, the checked path's arrays and tensors) raises the same TypeError."""
+    prefill = Prefill(rng, 3, "cpu")
+    items = [(prefill.ids, torch.int64), (prefill.locations, torch.int64)]
+    cache = prefill.cache_rows(column)._replace(out_cache_loc=1)._replace(**change)
+    for device in (None, "cpu"):
+        with pytest.raises(TypeError, match=message):
+            stage_prefill(items, column(prefill.lens), column(prefill.starts), cache, device=device)
+    assert (prefill.table == SENTINEL).all()
+
+
 def test_out_cache_loc_must_be_staged_as_one_int64_per_new_token(rng):
     prefill = Prefill(rng, 3, "cpu")
     items = [(prefill.locations, torch.int32)]

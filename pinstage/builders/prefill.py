@@ -62,8 +62,20 @@ def stage_prefill(
     first (record_stream them, or keep them).
     """
     c = cache_rows
-    if c is not None and stream is None and device is None:
-        device = c.req_to_token.device
+    if c is not None:
+        # Before anything else, in one place for every column form: the compiled call reads a None
+        # req_to_token as "no cache rows".
+        if not issubclass(type(c.req_to_token), torch.Tensor):
+            raise TypeError(
+                f"pinstage.builders.stage_prefill: req_to_token must be a tensor, got {type(c.req_to_token).__name__}"
+            )
+        if type(c.out_cache_loc) is not int:
+            raise TypeError(
+                "pinstage.builders.stage_prefill: out_cache_loc must be the index of an item (an int), got "
+                + type(c.out_cache_loc).__name__
+            )
+        if stream is None and device is None:
+            device = c.req_to_token.device
     table, rows, prefixes, prefix_lens, seq_lens, loc = _NO_CACHE_ROWS if c is None else c
     lens, starts = extend_seq_lens, extend_logprob_start_lens
     staged = _C._stage_prefill(items, lens, starts, table, rows, prefixes, prefix_lens, seq_lens, loc, stream, device)
@@ -80,7 +92,7 @@ def _one_by_one(
     stream: Optional[torch.cuda.Stream],
     device: Device,
 ) -> List[torch.Tensor]:
-    if c is not None and not (type(c.out_cache_loc) is int and 0 <= c.out_cache_loc < len(items)):
+    if c is not None and not 0 <= c.out_cache_loc < len(items):
         where = f"out_cache_loc is item {c.out_cache_loc!r} but there are {len(items)} items"
         raise IndexError(f"pinstage.builders.stage_prefill: {where}")
     indices = logprob_index_tensors(lens, starts)
