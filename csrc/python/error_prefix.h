@@ -38,11 +38,16 @@ auto with_error_prefix(Prefix&& prefix, Fn&& fn) -> decltype(fn()) {
   try {
     return fn();
   } catch (const PythonError&) {
+    const std::string where = prefix();  // before the fetch: nothing to leak if it throws
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback);
     if (type == nullptr) throw;
     PyErr_NormalizeException(&type, &value, &traceback);
-    if (PyObject* prefixed = prefixed_error(type, value, prefix())) {
+    if (PyObject* prefixed = prefixed_error(type, value, where)) {
+      // Restored with its own type: a __new__ may return an instance of another class.
+      Py_INCREF(Py_TYPE(prefixed));
+      Py_DECREF(type);
+      type = reinterpret_cast<PyObject*>(Py_TYPE(prefixed));
       Py_XDECREF(value);
       value = prefixed;
     }
