@@ -83,15 +83,6 @@ c10::ScalarType element_type_of(const char* format, Py_ssize_t itemsize, bool se
   }
 }
 
-// torch maps a numpy array's element type by its type number, not its size: where C long is 64
-// bits, numpy's uint64 is 'L' and an array of ulonglong ('Q', the same bytes) is refused
-// ("can't convert np.ndarray of type numpy.ulonglong"). Scalars of it are read as Python ints.
-bool numpy_array_type_torch_refuses(const char* format) {
-  if (format == nullptr || sizeof(long) != 8) return false;
-  if (*format == '@' || *format == '=' || *format == kNativeOrder) ++format;
-  return format[0] == 'Q' && format[1] == '\0';
-}
-
 // One element of a sequence, converted as torch.tensor converts the Python number it reads as.
 template <class T, class S>
 bool store_element(const S& v, T* out) {
@@ -230,7 +221,10 @@ bool BufferSource::read_view(const Py_buffer& v) {
       readable = readable && v.ndim == 0;
       break;
     case Kind::kNumpyArray:
-      readable = readable && !numpy_array_type_torch_refuses(v.format);
+      // torch maps an array's element type by numpy's type number, not its size: where C long is
+      // 64 bits, uint64 is 'L' and an array of ulonglong ('Q', the same bytes) is refused.
+      readable = readable && !(sizeof(long) == 8 && element_type_ == c10::ScalarType::UInt64 &&
+                               std::strchr(v.format, 'Q') != nullptr);
       break;
   }
   // PyBUF_RECORDS_RO asks for strides, but an exporter may leave them out (numpy's datetime64

@@ -78,8 +78,7 @@ def _int64_column(name: str, column: IntColumn) -> torch.Tensor:
     another request's row; lengths and ranges are checked by the op."""
     if isinstance(column, (torch.Tensor, np.ndarray)):
         dtype = column.dtype
-        empty = column.numel() == 0 if isinstance(column, torch.Tensor) else column.size == 0
-        if not empty and not _is_integer_dtype(dtype):  # an empty batch's column may be float (numpy's is)
+        if 0 not in column.shape and not _is_integer_dtype(dtype):  # an empty batch's column may be float
             what = "a tensor" if isinstance(column, torch.Tensor) else "a numpy array"
             raise TypeError(f"write_cache_indices: {name} must hold integers, got {what} of {dtype}")
         if (
