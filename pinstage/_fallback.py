@@ -39,8 +39,10 @@ def torch_tensor(data, dtype):
         raise TypeError("pinstage: data claims to be a torch.Tensor but is a %s" % type(data).__name__)
     try:
         return _convert(data, dtype)
-    except Exception as exc:  # re-raised below with the same type
-        raise _with_location(exc, data, dtype) from None
+    except Exception as exc:  # raised again below, with the same type
+        error = _with_location(exc, data, dtype)
+    # Outside the handler: raised inside it, the error would get torch's as its context.
+    raise error
 
 
 def _convert(data, dtype):
@@ -57,10 +59,23 @@ def _with_location(exc, data, dtype):
         index, value = where
         what = "element " + "".join("[%d]" % i for i in index) if index else "data"
         detail = "%s = %s cannot be converted to %s: %s" % (what, _short_repr(value), dtype, exc)
+    return remade(exc, "pinstage: " + detail)
+
+
+def remade(exc, message):
+    """exc's type again with `message`, keeping exc's cause, context and notes, so that a traceback
+    shows the chain a user's conversion code raised; exc itself where its class cannot be made from
+    one message."""
     try:
-        return type(exc)("pinstage: " + detail)
-    except Exception:  # an exception class that cannot be built from one message: keep torch's
+        made = type(exc)(message)
+    except Exception:
         return exc
+    made.__cause__, made.__context__ = exc.__cause__, exc.__context__
+    made.__suppress_context__ = exc.__suppress_context__
+    notes = getattr(exc, "__notes__", None)
+    if isinstance(notes, list):
+        made.__notes__ = list(notes)
+    return made
 
 
 def _short_repr(value, limit=60):

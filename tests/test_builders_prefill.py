@@ -173,11 +173,23 @@ def test_cache_rows_of_the_wrong_type_raise_the_same_error_for_every_column_form
     assert (prefill.table == SENTINEL).all()
 
 
-def test_out_cache_loc_must_be_staged_as_one_int64_per_new_token(rng):
+@pytest.mark.parametrize("column", [list, np.array])
+def test_out_cache_loc_must_be_staged_as_one_int64_per_new_token(rng, column):
+    """The same error type for both column forms (the compiled path's lists, the checked path's
+    arrays), as write_cache_indices raises them: the dtype a TypeError, the shape a
+    ValueError."""
     prefill = Prefill(rng, 3, "cpu")
-    items = [(prefill.locations, torch.int32)]
-    with pytest.raises(TypeError, match=r"out_cache_loc \(item 0\) must be staged as 1-D torch.int64"):
-        stage_prefill(items, prefill.lens, prefill.starts, prefill.cache_rows()._replace(out_cache_loc=0))
+    lens, starts, cache = column(prefill.lens), column(prefill.starts), prefill.cache_rows(column)
+    cache = cache._replace(out_cache_loc=0)
+    with pytest.raises(TypeError, match=r"out_cache_loc .*torch.int64"):
+        stage_prefill([(prefill.locations, torch.int32)], lens, starts, cache)
+    with pytest.raises(ValueError, match=r"out_cache_loc .*1-D"):
+        stage_prefill([([[v] for v in prefill.locations], torch.int64)], lens, starts, cache)
+    assert (prefill.table == SENTINEL).all()
+
+
+def test_out_cache_loc_must_hold_every_new_token(rng):
+    prefill = Prefill(rng, 3, "cpu")
     short = [(prefill.locations[:-1], torch.int64)]
     with pytest.raises(ValueError, match="extend_lens add up to"):
         stage_prefill(short, prefill.lens, prefill.starts, prefill.cache_rows()._replace(out_cache_loc=0))

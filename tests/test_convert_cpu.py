@@ -883,3 +883,37 @@ def test_default_device_without_cuda_is_cpu():
     assert torch.equal(got, torch.tensor([1, 2, 3]))
     many = pinstage.stage_many([([1], torch.int32), ([2.5], torch.float32)])
     assert [t.device.type for t in many] == ["cpu", "cpu"]
+
+
+class ChainedIndexError:
+    """An __index__ whose error has a cause, a context and a note, as `raise ... from ...` in a
+    user's conversion makes it."""
+
+    def __index__(self):
+        try:
+            raise KeyError("inner")
+        except KeyError:
+            error = ValueError("outer")
+            error.add_note("a note")
+            raise error from LookupError("cause")
+
+
+@pytest.mark.parametrize("api", ["stage_to_device", "stage_many"])
+def test_a_prefixed_error_keeps_its_cause_context_and_notes(api):
+    """A conversion's error is made again with a message naming the element (and stage_many's item);
+    the new error keeps the original's chain, so the traceback shows what the user's code raised from."""
+    data = [ChainedIndexError()]
+    with pytest.raises(ValueError) as original:
+        torch.tensor(data, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"element \[0\]") as info:
+        if api == "stage_many":
+            pinstage.stage_many([([1], torch.int64), (data, torch.int64)], device="cpu")
+        else:
+            pinstage.stage_to_device(data, torch.int64, device="cpu")
+    got, want = info.value, original.value
+    assert type(got.__cause__) is LookupError and got.__cause__.args == ("cause",)
+    assert type(got.__context__) is KeyError and got.__context__.args == ("inner",)
+    assert got.__suppress_context__ is want.__suppress_context__ is True
+    assert got.__notes__ == want.__notes__ == ["a note"]
+    got.__notes__.append("mine")
+    assert want.__notes__ == ["a note"], "the notes are a copy"

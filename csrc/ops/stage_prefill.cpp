@@ -12,6 +12,7 @@ namespace pinstage {
 namespace {
 
 constexpr const char* kApi = "builders.stage_prefill";  // messages add "pinstage."
+constexpr size_t kLogprobIndexCount = 4;                // the index tensors staged after the items
 
 // A host int64 array the call computed, staged as it is.
 ItemPlan computed_plan(at::Tensor values) {
@@ -34,19 +35,23 @@ std::vector<at::Tensor> stage_prefill(PyObject* items, std::vector<int64_t> exte
   check_items_sequence(items, kApi);
   const Target target = resolve_target(stream, device);
   std::vector<THPObjectPtr> held;
-  std::vector<ItemPlan> plans = plan_many(items, kApi, held);
+  std::vector<ItemPlan> plans = plan_many(items, kApi, held, kLogprobIndexCount);  // the items' errors first
   const int64_t item_count = static_cast<int64_t>(plans.size());
   auto [sample, input_logprob, pruned_lens, kept_rows] = logprob_indices(extend_lens, logprob_starts);
-  for (at::Tensor* t : {&sample, &input_logprob, &pruned_lens, &kept_rows}) plans.push_back(computed_plan(*t));
+  for (at::Tensor* t : {&sample, &input_logprob, &pruned_lens, &kept_rows})
+    plans.push_back(computed_plan(std::move(*t)));
   std::optional<ListCacheWrite> cache_write;
   if (cache) {
     const int64_t k = cache->out_cache_loc_item;
     TORCH_CHECK_INDEX(k >= 0 && k < item_count, "pinstage.", kApi, ": out_cache_loc is item ", k, " but there are ",
                       item_count, " items");
     const ItemPlan& loc = plans[static_cast<size_t>(k)];
-    TORCH_CHECK_TYPE(loc.dtype == at::kLong && loc.shape.size() == 1, "pinstage.", kApi, ": out_cache_loc (item ", k,
-                     ") must be staged as 1-D torch.int64, got ", dtype_name(loc.dtype), " of shape ",
-                     c10::IntArrayRef(loc.shape));
+    // As write_cache_indices checks it, whatever form the columns take: the dtype a TypeError,
+    // the shape a ValueError.
+    TORCH_CHECK_TYPE(loc.dtype == at::kLong, "pinstage.", kApi, ": out_cache_loc (item ", k,
+                     ") must be staged as torch.int64, got ", dtype_name(loc.dtype));
+    TORCH_CHECK_VALUE(loc.shape.size() == 1, "pinstage.", kApi, ": out_cache_loc (item ", k,
+                      ") must be 1-D (one slot per new token), got shape ", c10::IntArrayRef(loc.shape));
     const at::Tensor& table = *cache->req_to_token;
     TORCH_CHECK_VALUE(table.device() == target.device, "pinstage.", kApi, ": req_to_token is on ", table.device(),
                       " but the items are staged to ", target.device);

@@ -11,6 +11,18 @@
 
 namespace pinstage {
 
+// What `made` takes over from the error it stands for: its cause, context and notes, so that a
+// traceback shows the same chain (`raise ... from ...` inside a conversion included).
+inline void keep_chain(PyObject* original, PyObject* made) {
+  PyException_SetCause(made, PyException_GetCause(original));  // steals the new reference; may be null
+  reinterpret_cast<PyBaseExceptionObject*>(made)->suppress_context =
+      reinterpret_cast<PyBaseExceptionObject*>(original)->suppress_context;  // SetCause set it
+  PyException_SetContext(made, PyException_GetContext(original));
+  THPObjectPtr notes(PyObject_GetAttrString(original, "__notes__"));
+  THPObjectPtr copied(notes.get() != nullptr ? PySequence_List(notes.get()) : nullptr);  // not shared
+  if (copied.get() == nullptr || PyObject_SetAttrString(made, "__notes__", copied.get()) != 0) PyErr_Clear();
+}
+
 // The error `value` of `type` again, its message prefixed with where + ": " (a new reference), or
 // null where the type cannot be made from one message (an __init__ that takes other arguments):
 // then the original is raised, the prefix added as a note (PEP 678) that its traceback shows.
@@ -21,7 +33,10 @@ inline PyObject* prefixed_error(PyObject* type, PyObject* value, const std::stri
   const std::string prefixed = where + ": " + (message != nullptr ? message : "(no message)");
   THPObjectPtr arg(PyUnicode_FromStringAndSize(prefixed.data(), static_cast<Py_ssize_t>(prefixed.size())));
   PyObject* made = arg.get() != nullptr ? PyObject_CallOneArg(type, arg.get()) : nullptr;
-  if (made != nullptr && PyExceptionInstance_Check(made)) return made;
+  if (made != nullptr && PyExceptionInstance_Check(made)) {
+    if (value != nullptr) keep_chain(value, made);
+    return made;
+  }
   Py_XDECREF(made);
   PyErr_Clear();
   if (value != nullptr) {
