@@ -78,6 +78,49 @@ def test_numpy_lengths_equal_lists(rng):
         assert_fields_equal(got, want)
 
 
+def test_cpu_tensor_lengths_equal_lists(rng):
+    """Integer CPU tensors are columns too (as write_cache_indices takes them), views included."""
+    lens, starts = random_batch(rng, 50)
+    want = build_logprob_indices(lens, starts, device="cpu")
+    for dtype in (torch.int64, torch.int32, torch.int16, torch.uint32):
+        got = build_logprob_indices(torch.tensor(lens, dtype=dtype), torch.tensor(starts, dtype=dtype), device="cpu")
+        assert_fields_equal(got, want)
+    strided = torch.tensor(lens).repeat_interleave(2)[::2]
+    assert not strided.is_contiguous()
+    assert_fields_equal(build_logprob_indices(strided, torch.tensor(starts), device="cpu"), want)
+
+
+@pytest.mark.parametrize(
+    "lens, error, message",
+    [
+        (torch.tensor([4.0, 5.0]), TypeError, r"^request 0: extend_seq_lens must be an int, got float 4.0$"),
+        (
+            torch.tensor([4.0, 5.0], dtype=torch.bfloat16),
+            TypeError,
+            r"^request 0: extend_seq_lens must be an int, got float",
+        ),
+        (torch.tensor([True, True]), TypeError, r"^request 0: extend_seq_lens must be an int, got bool True$"),
+        (torch.tensor([4, 0]), ValueError, r"^request 1: extend_seq_lens must be >= 1, got 0$"),
+        (
+            torch.tensor([[4, 5]]),
+            TypeError,
+            r"^extend_seq_lens must be a list of ints, one per request, got nested Tensor$",
+        ),
+        (torch.tensor(4), TypeError, r"^extend_seq_lens must be a list of ints, one per request, got a scalar Tensor$"),
+    ],
+)
+def test_tensor_lengths_that_are_not_valid_name_the_problem(lens, error, message):
+    with pytest.raises(error, match=message):
+        build_logprob_indices(lens, [0, 0], device="cpu")
+
+
+@pytest.mark.cuda
+def test_device_tensor_lengths_are_refused():
+    """Reading a device tensor's values would wait for the GPU: the host's own values are asked for."""
+    with pytest.raises(TypeError, match=r"^extend_seq_lens must be host values .* got a tensor on cuda:0$"):
+        build_logprob_indices(torch.tensor([4, 5], device="cuda"), [0, 0], device="cuda")
+
+
 @pytest.mark.parametrize("bs", [1, 40])
 def test_edge_starts(bs):
     lens = [1] * bs

@@ -96,10 +96,11 @@ def test_one_call_equals_the_builders(rng, device, bs):
     prefill.assert_equals_the_builders(prefill.stage(device=device))
 
 
+@pytest.mark.parametrize("column", [np.array, torch.tensor])
 @pytest.mark.parametrize("device", DEVICES)
-def test_numpy_columns_take_the_builders_checked_path_with_equal_results(rng, device):
+def test_array_and_tensor_columns_take_the_builders_checked_path_with_equal_results(rng, device, column):
     prefill = Prefill(rng, 20, device)
-    prefill.assert_equals_the_builders(prefill.stage(column=np.array, device=device))
+    prefill.assert_equals_the_builders(prefill.stage(column=column, device=device))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -173,10 +174,10 @@ def test_cache_rows_of_the_wrong_type_raise_the_same_error_for_every_column_form
     assert (prefill.table == SENTINEL).all()
 
 
-@pytest.mark.parametrize("column", [list, np.array])
+@pytest.mark.parametrize("column", [list, np.array, torch.tensor])
 def test_out_cache_loc_must_be_staged_as_one_int64_per_new_token(rng, column):
-    """The same error type for both column forms (the compiled path's lists, the checked path's
-    arrays), as write_cache_indices raises them: the dtype a TypeError, the shape a
+    """The same error type for every column form (the compiled path's lists, the checked path's
+    arrays and tensors), as write_cache_indices raises them: the dtype a TypeError, the shape a
     ValueError."""
     prefill = Prefill(rng, 3, "cpu")
     lens, starts, cache = column(prefill.lens), column(prefill.starts), prefill.cache_rows(column)

@@ -39,7 +39,7 @@ def logprob_index_tensors(
     extend_seq_lens: Sequence[int], extend_logprob_start_lens: Sequence[int]
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(sample_indices, input_logprob_indices, pruned_lens, pruned_row_indices) as CPU int64 tensors
-    from per-request lengths (lists of ints or integer numpy arrays), validated.
+    from per-request lengths (lists of ints, integer numpy arrays or CPU integer tensors), validated.
 
     Raises ValueError naming the request when a length is < 1 or beyond int64 or a start is outside
     [0, length], TypeError when one is not an integer or a column is not a list.
@@ -79,6 +79,17 @@ def _column(name: str, values: object) -> npt.NDArray[Any]:
     the caller), anything else entry by entry: int64 when every entry is an int (a Python or numpy
     int, not a bool) that int64 holds, else an object array of the entries as given, which the
     caller's walk names (numpy would make [np.uint64(5), 3] float64 and [True, 2] ints)."""
+    if isinstance(values, torch.Tensor):
+        # As write_cache_indices takes its columns: a CPU tensor's values (its dtype checked by the
+        # caller), never a device tensor's, whose read would wait for the GPU.
+        if values.device.type != "cpu":
+            raise TypeError(
+                f"{name} must be host values (a list, numpy array or CPU tensor), got a tensor on {values.device}"
+            )
+        integer = not (values.dtype == torch.bool or values.dtype.is_floating_point or values.dtype.is_complex)
+        given, values = type(values).__name__, values.resolve_neg().numpy() if integer else values.tolist()
+    else:
+        given = type(values).__name__
     if isinstance(values, np.ndarray) and values.dtype.kind != "O":
         nested = values.ndim > 1
         column = values if values.ndim == 1 else None
@@ -98,8 +109,7 @@ def _column(name: str, values: object) -> npt.NDArray[Any]:
                 column = column.astype(np.int64)
     if column is None:
         raise TypeError(
-            f"{name} must be a list of ints, one per request, got {'nested' if nested else 'a scalar'} "
-            f"{type(values).__name__}"
+            f"{name} must be a list of ints, one per request, got {'nested' if nested else 'a scalar'} {given}"
         )
     return column
 
@@ -125,7 +135,7 @@ def build_logprob_indices(
     stream: Optional[torch.cuda.Stream] = None,
     device: Device = None,
 ) -> LogprobIndices:
-    """Per-request lengths (lists of ints or integer numpy arrays) -> LogprobIndices, the four
+    """Per-request lengths (lists of ints, integer numpy arrays or CPU integer tensors) -> LogprobIndices, the four
     int64 tensors staged together (one copy).
 
     Raises ValueError naming the request when a length is < 1 or a start is outside [0, length],
