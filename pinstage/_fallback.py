@@ -41,8 +41,12 @@ def torch_tensor(data, dtype):
         return _convert(data, dtype)
     except Exception as exc:  # raised again below, with the same type
         error = _with_location(exc, data, dtype)
-    # Outside the handler: raised inside it, the error would get torch's as its context.
-    raise error
+    # Outside the handler, which would make torch's error its context; the local is dropped so that
+    # the error's traceback (which holds this frame) and the frame do not keep each other alive.
+    try:
+        raise error
+    finally:
+        del error
 
 
 def _convert(data, dtype):
@@ -62,7 +66,7 @@ def _with_location(exc, data, dtype):
     return remade(exc, "pinstage: " + detail)
 
 
-def remade(exc, message):
+def remade(exc: BaseException, message: str) -> BaseException:
     """exc's type again with `message`, keeping exc's cause, context and notes, so that a traceback
     shows the chain a user's conversion code raised; exc itself where its class cannot be made from
     one message."""
@@ -73,9 +77,9 @@ def remade(exc, message):
     made.__cause__, made.__context__ = exc.__cause__, exc.__context__
     made.__suppress_context__ = exc.__suppress_context__
     notes = getattr(exc, "__notes__", None)
-    if isinstance(notes, list):
+    if isinstance(notes, list):  # PEP 678's form; anything else is left behind (as the core does)
         made.__notes__ = list(notes)
-    return made
+    return made.with_traceback(exc.__traceback__)  # down to the line that raised it
 
 
 def _short_repr(value, limit=60):

@@ -245,6 +245,33 @@ def test_a_list_value_beyond_int64_is_refused_naming_the_field_and_request(rng, 
     assert (batch["req_to_token"] == SENTINEL).all()
 
 
+class IndexRaisingFrom:
+    """An entry whose __index__ raises an error with a cause, as a user's conversion code may."""
+
+    def __index__(self):
+        raise ValueError("outer") from LookupError("cause")
+
+
+def test_an_entry_error_keeps_its_cause_when_named(rng):
+    """The builder names the field of an entry whose own conversion raised, keeping that error's cause."""
+    batch = random_batch(rng, 4, "cpu")
+    batch["seq_lens"][2] = IndexRaisingFrom()
+    with pytest.raises(ValueError, match=r"write_cache_indices: seq_lens: .*element \[2\].*outer") as info:
+        run(batch)
+    assert type(info.value.__cause__) is LookupError and info.value.__cause__.args == ("cause",)
+    assert (batch["req_to_token"] == SENTINEL).all()
+
+
+def test_a_device_tensor_column_is_refused_by_name(rng):
+    """Reading a device column's values would wait for the GPU: the host's own values are asked for
+    (a meta tensor stands for any device here)."""
+    batch = random_batch(rng, 4, "cpu")
+    batch["seq_lens"] = torch.tensor(batch["seq_lens"], device="meta")
+    with pytest.raises(TypeError, match=r"^write_cache_indices: seq_lens must be host values .* got a tensor on meta$"):
+        run(batch)
+    assert (batch["req_to_token"] == SENTINEL).all()
+
+
 @pytest.mark.parametrize("column", ["array", "one-request list"])
 def test_a_value_numpy_reads_as_uint64_is_refused_naming_the_field_and_request(rng, column):
     """A uint64 array, or a list whose every value is >= 2**63 (numpy makes it uint64)."""

@@ -88,6 +88,9 @@ def test_cpu_tensor_lengths_equal_lists(rng):
     strided = torch.tensor(lens).repeat_interleave(2)[::2]
     assert not strided.is_contiguous()
     assert_fields_equal(build_logprob_indices(strided, torch.tensor(starts), device="cpu"), want)
+    negative = torch.tensor([-n for n in lens])._neg_view()  # its values are lens; its memory holds -lens
+    assert negative.is_neg()
+    assert_fields_equal(build_logprob_indices(negative, torch.tensor(starts), device="cpu"), want)
 
 
 @pytest.mark.parametrize(
@@ -107,6 +110,16 @@ def test_cpu_tensor_lengths_equal_lists(rng):
             r"^extend_seq_lens must be a list of ints, one per request, got nested Tensor$",
         ),
         (torch.tensor(4), TypeError, r"^extend_seq_lens must be a list of ints, one per request, got a scalar Tensor$"),
+        (
+            torch.tensor([4, 2**63], dtype=torch.uint64),
+            ValueError,
+            r"^request 1: extend_seq_lens must fit int64 \(at most 2\*\*63 - 1\), got 9223372036854775808$",
+        ),
+        (
+            torch.tensor([4, 5], device="meta"),
+            TypeError,
+            r"^extend_seq_lens must be host values \(a list, numpy array or CPU tensor\), got a tensor on meta$",
+        ),
     ],
 )
 def test_tensor_lengths_that_are_not_valid_name_the_problem(lens, error, message):
@@ -115,7 +128,7 @@ def test_tensor_lengths_that_are_not_valid_name_the_problem(lens, error, message
 
 
 @pytest.mark.cuda
-def test_device_tensor_lengths_are_refused():
+def test_cuda_tensor_lengths_are_refused():
     """Reading a device tensor's values would wait for the GPU: the host's own values are asked for."""
     with pytest.raises(TypeError, match=r"^extend_seq_lens must be host values .* got a tensor on cuda:0$"):
         build_logprob_indices(torch.tensor([4, 5], device="cuda"), [0, 0], device="cuda")

@@ -7,6 +7,8 @@ They run on every machine, with device="cpu".
 import array
 import enum
 import gc
+import traceback
+import weakref
 
 import numpy as np
 import pytest
@@ -917,3 +919,50 @@ def test_a_prefixed_error_keeps_its_cause_context_and_notes(api):
     assert got.__notes__ == want.__notes__ == ["a note"]
     got.__notes__.append("mine")
     assert want.__notes__ == ["a note"], "the notes are a copy"
+    lines = [frame.line for frame in traceback.extract_tb(got.__traceback__)]
+    assert 'raise error from LookupError("cause")' in lines, "the traceback goes down to the line that raised"
+
+
+class NotesTupleIndexError:
+    def __index__(self):
+        error = ValueError("outer")
+        error.__notes__ = ("not a list",)
+        raise error
+
+
+@pytest.mark.parametrize("api", ["stage_to_device", "stage_many"])
+def test_notes_that_are_not_a_list_are_left_behind(api):
+    """PEP 678's notes are a list; anything else is not copied (by either path that re-makes errors)."""
+    data = [NotesTupleIndexError()]
+    with pytest.raises(ValueError, match=r"element \[0\]") as info:
+        if api == "stage_many":
+            pinstage.stage_many([(data, torch.int64)], device="cpu")
+        else:
+            pinstage.stage_to_device(data, torch.int64, device="cpu")
+    assert not hasattr(info.value, "__notes__")
+
+
+class PlainIndexError:
+    def __index__(self):
+        raise ValueError("bad")  # no local holds the error: its frame and it make no cycle
+
+
+def test_a_refused_element_is_freed_with_its_error():
+    """The re-made error and the frame that raised it do not keep each other (and the data) alive:
+    without the cycle collector, dropping the error frees the element."""
+    element = PlainIndexError()
+    alive = weakref.ref(element)
+    gc.disable()
+    try:
+        data = [element]
+        del element
+        try:
+            pinstage.stage_to_device(data, torch.int64, device="cpu")
+        except ValueError:
+            pass  # dropped here (pytest.raises would keep it)
+        else:
+            pytest.fail("the element's error was not raised")
+        del data
+        assert alive() is None, "something still holds the element after its error was dropped"
+    finally:
+        gc.enable()

@@ -19,7 +19,8 @@ inline void keep_chain(PyObject* original, PyObject* made) {
       reinterpret_cast<PyBaseExceptionObject*>(original)->suppress_context;  // SetCause set it
   PyException_SetContext(made, PyException_GetContext(original));
   THPObjectPtr notes(PyObject_GetAttrString(original, "__notes__"));
-  THPObjectPtr copied(notes.get() != nullptr ? PySequence_List(notes.get()) : nullptr);  // not shared
+  // A copy of PEP 678's list, not shared; anything else is left behind (as the fallback does).
+  THPObjectPtr copied(notes.get() != nullptr && PyList_Check(notes.get()) ? PySequence_List(notes.get()) : nullptr);
   if (copied.get() == nullptr || PyObject_SetAttrString(made, "__notes__", copied.get()) != 0) PyErr_Clear();
 }
 

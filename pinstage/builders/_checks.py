@@ -54,6 +54,20 @@ def is_integer_entry(value: object) -> TypeGuard[Union[int, np.integer[Any]]]:
 is_plain_int_list = _C.is_plain_int_list
 
 
+def is_integer_dtype(dtype: Union[torch.dtype, np.dtype[Any]]) -> bool:
+    if isinstance(dtype, torch.dtype):
+        return not (dtype == torch.bool or dtype.is_floating_point or dtype.is_complex)
+    return dtype.kind in "iuO"  # an object array's entries are looked at one by one
+
+
+def require_host_tensor(name: str, tensor: torch.Tensor) -> None:
+    """TypeError for a per-request column on a device: reading its values would wait for the GPU."""
+    if tensor.device.type != "cpu":
+        raise TypeError(
+            f"{name} must be host values (a list, numpy array or CPU tensor), got a tensor on {tensor.device}"
+        )
+
+
 def plain_int_array(values: object) -> Optional[npt.NDArray[np.int64]]:
     """A plain int list (is_plain_int_list) as an int64 array, in one pass in C; None for anything
     else, or a value beyond int64, which the caller's walk over the entries names."""

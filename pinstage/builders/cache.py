@@ -10,8 +10,9 @@ import torch
 
 import pinstage
 from pinstage import _C
+from pinstage._fallback import remade
 
-from ._checks import is_plain_int_list
+from ._checks import is_integer_dtype, is_plain_int_list, require_host_tensor
 
 _FIELDS = ("req_pool_indices", "prefix_lens", "seq_lens", "extend_lens")
 
@@ -76,9 +77,11 @@ def _int64_column(name: str, column: IntColumn) -> torch.Tensor:
     lists converted by pinstage's CPU path. A float, bool, complex or str column or entry is refused
     (TypeError naming the field and the request or the dtype), never truncated or read as 0/1 into
     another request's row; lengths and ranges are checked by the op."""
+    if isinstance(column, torch.Tensor):
+        require_host_tensor(f"write_cache_indices: {name}", column)
     if isinstance(column, (torch.Tensor, np.ndarray)):
         dtype = column.dtype
-        if 0 not in column.shape and not _is_integer_dtype(dtype):  # an empty batch's column may be float
+        if 0 not in column.shape and not is_integer_dtype(dtype):  # an empty batch's column may be float
             what = "a tensor" if isinstance(column, torch.Tensor) else "a numpy array"
             raise TypeError(f"write_cache_indices: {name} must hold integers, got {what} of {dtype}")
         if (
@@ -109,15 +112,13 @@ def _int64_column(name: str, column: IntColumn) -> torch.Tensor:
         column = column.tolist()
     try:
         result: torch.Tensor = pinstage.stage_to_device(column, torch.int64, device="cpu")
-    except ValueError as exc:  # a value beyond int64: the element's index is the request's
-        raise ValueError(f"write_cache_indices: {name}: {exc}") from None
-    return result
-
-
-def _is_integer_dtype(dtype: Union[torch.dtype, np.dtype[Any]]) -> bool:
-    if isinstance(dtype, torch.dtype):
-        return not (dtype == torch.bool or dtype.is_floating_point or dtype.is_complex)
-    return dtype.kind in "iuO"  # an object array's entries are looked at one by one
+        return result
+    except ValueError as exc:  # a value beyond int64, or an entry's own error: the element's index is the request's
+        error = remade(exc, f"write_cache_indices: {name}: {exc}")
+    try:  # as pinstage._fallback raises it: its chain kept, no cycle through this frame
+        raise error
+    finally:
+        del error
 
 
 def _check_entries(name: str, column: Iterable[Any]) -> None:
@@ -125,7 +126,7 @@ def _check_entries(name: str, column: Iterable[Any]) -> None:
     another dtype or shape); Python and numpy ints and objects with __index__ pass."""
     for i, value in enumerate(column):
         if isinstance(value, torch.Tensor):
-            ok = value.dim() == 0 and _is_integer_dtype(value.dtype)
+            ok = value.dim() == 0 and is_integer_dtype(value.dtype)
             got = f"a tensor of {value.dtype}"
         else:
             ok = not isinstance(value, (bool, np.bool_)) and hasattr(type(value), "__index__")

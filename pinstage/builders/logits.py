@@ -24,7 +24,7 @@ import pinstage
 from pinstage import _C
 
 from .._api import Device
-from ._checks import is_integer_entry, is_plain_int_list, plain_int_array
+from ._checks import is_integer_dtype, is_integer_entry, is_plain_int_list, plain_int_array, require_host_tensor
 
 
 @dataclass
@@ -80,13 +80,8 @@ def _column(name: str, values: object) -> npt.NDArray[Any]:
     int, not a bool) that int64 holds, else an object array of the entries as given, which the
     caller's walk names (numpy would make [np.uint64(5), 3] float64 and [True, 2] ints)."""
     if isinstance(values, torch.Tensor):
-        # As write_cache_indices takes its columns: a CPU tensor's values (its dtype checked by the
-        # caller), never a device tensor's, whose read would wait for the GPU.
-        if values.device.type != "cpu":
-            raise TypeError(
-                f"{name} must be host values (a list, numpy array or CPU tensor), got a tensor on {values.device}"
-            )
-        integer = not (values.dtype == torch.bool or values.dtype.is_floating_point or values.dtype.is_complex)
+        require_host_tensor(name, values)  # as write_cache_indices takes its columns; the dtype: the caller's
+        integer = is_integer_dtype(values.dtype)
         given, values = type(values).__name__, values.resolve_neg().numpy() if integer else values.tolist()
     else:
         given = type(values).__name__
