@@ -25,6 +25,7 @@ from pinstage import _C
 
 from .._api import Device
 from ._checks import is_integer_dtype, is_integer_entry, is_plain_int_list, plain_int_array, require_host_tensor
+from .cache import IntColumn
 
 
 @dataclass
@@ -36,7 +37,7 @@ class LogprobIndices:
 
 
 def logprob_index_tensors(
-    extend_seq_lens: Sequence[int], extend_logprob_start_lens: Sequence[int]
+    extend_seq_lens: IntColumn, extend_logprob_start_lens: IntColumn
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(sample_indices, input_logprob_indices, pruned_lens, pruned_row_indices) as CPU int64 tensors
     from per-request lengths (lists of ints, integer numpy arrays or CPU integer tensors), validated.
@@ -124,8 +125,8 @@ def _raise_first_invalid(lens: Sequence[Any], starts: Sequence[Any]) -> NoReturn
 
 
 def build_logprob_indices(
-    extend_seq_lens: Sequence[int],
-    extend_logprob_start_lens: Sequence[int],
+    extend_seq_lens: IntColumn,
+    extend_logprob_start_lens: IntColumn,
     *,
     stream: Optional[torch.cuda.Stream] = None,
     device: Device = None,

@@ -37,8 +37,8 @@ _NO_CACHE_ROWS = (None,) * len(CacheRows._fields)  # _stage_prefill's cache argu
 
 def stage_prefill(
     items: Sequence[Tuple[Any, torch.dtype]],
-    extend_seq_lens: Sequence[int],
-    extend_logprob_start_lens: Sequence[int],
+    extend_seq_lens: IntColumn,
+    extend_logprob_start_lens: IntColumn,
     cache_rows: Optional[CacheRows] = None,
     *,
     stream: Optional[torch.cuda.Stream] = None,
@@ -86,8 +86,8 @@ def stage_prefill(
 
 def _one_by_one(
     items: List[Tuple[Any, torch.dtype]],
-    lens: Sequence[int],
-    starts: Sequence[int],
+    lens: IntColumn,
+    starts: IntColumn,
     c: Optional[CacheRows],
     stream: Optional[torch.cuda.Stream],
     device: Device,
