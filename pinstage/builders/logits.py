@@ -80,12 +80,10 @@ def _column(name: str, values: object) -> npt.NDArray[Any]:
     the caller), anything else entry by entry: int64 when every entry is an int (a Python or numpy
     int, not a bool) that int64 holds, else an object array of the entries as given, which the
     caller's walk names (numpy would make [np.uint64(5), 3] float64 and [True, 2] ints)."""
+    given = type(values).__name__
     if isinstance(values, torch.Tensor):
         require_host_tensor(name, values)  # as write_cache_indices takes its columns; the dtype: the caller's
-        integer = is_integer_dtype(values.dtype)
-        given, values = type(values).__name__, values.resolve_neg().numpy() if integer else values.tolist()
-    else:
-        given = type(values).__name__
+        values = values.resolve_neg().numpy() if is_integer_dtype(values.dtype) else values.tolist()
     if isinstance(values, np.ndarray) and values.dtype.kind != "O":
         nested = values.ndim > 1
         column = values if values.ndim == 1 else None
