@@ -77,6 +77,7 @@ from ._static_inputs import Field, StaticInputs  # noqa: E402
 from ._version import __version__  # noqa: E402
 
 _C._set_fallback(_fallback.torch_tensor)
+_C._set_remade(_fallback.remade)
 _fallback.register_buffer_types()
 
 __all__ = [

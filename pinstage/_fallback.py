@@ -69,10 +69,12 @@ def _with_location(exc, data, dtype):
 def remade(exc: BaseException, message: str) -> BaseException:
     """exc's type again with `message`, keeping exc's cause, context and notes, so that a traceback
     shows the chain a user's conversion code raised; exc itself where its class cannot be made from
-    one message."""
+    one message. The compiled core re-makes its errors ("item 3") with this function too."""
     try:
         made = type(exc)(message)
     except Exception:
+        return exc
+    if not isinstance(made, BaseException):  # a __new__ that returns something else
         return exc
     made.__cause__, made.__context__ = exc.__cause__, exc.__context__
     made.__suppress_context__ = exc.__suppress_context__

@@ -813,6 +813,56 @@ def test_an_error_that_cannot_be_made_from_a_message_is_raised_as_it_was():
     assert getattr(info.value, "__notes__", None) == ["pinstage.stage_many: item 1"], info.value.__dict__
 
 
+class NotRemadeError(ValueError):
+    """An error whose class, called with pinstage's longer message, gives back something else."""
+
+    def __new__(cls, message):
+        if message.startswith("pinstage"):
+            return SELF_NAMED[cls.__name__]  # not an instance of BaseException
+        return super().__new__(cls, message)
+
+
+class OtherClassError(ValueError):
+    """An error whose class, called with pinstage's longer message, makes an error of another class."""
+
+    def __new__(cls, message):
+        if message.startswith("pinstage"):
+            return KeyError(message)
+        return super().__new__(cls, message)
+
+
+SELF_NAMED = {"NotRemadeError": "a str, not an error"}
+
+
+class RaisingIndex:
+    def __init__(self, error_class):
+        self.error_class = error_class
+
+    def __index__(self):
+        raise self.error_class("bad")
+
+
+@pytest.mark.parametrize("api", ["stage_to_device", "stage_many"])
+def test_an_error_class_that_makes_no_error_from_the_message_is_raised_as_it_was(api):
+    """Where re-making the error gives a non-error, the original is raised (stage_many adds its item as a note)."""
+    data = [RaisingIndex(NotRemadeError)]
+    with pytest.raises(NotRemadeError) as info:
+        if api == "stage_many":
+            pinstage.stage_many([(data, torch.int64)], device="cpu")
+        else:
+            pinstage.stage_to_device(data, torch.int64, device="cpu")
+    assert info.value.args == ("bad",)
+    notes = ["pinstage.stage_many: item 0"] if api == "stage_many" else None
+    assert getattr(info.value, "__notes__", None) == notes
+
+
+def test_an_error_class_that_makes_another_class_from_the_message_raises_that_class():
+    """stage_many raises what the error's class made of the prefixed message, with that object's own type."""
+    with pytest.raises(KeyError, match="item 0") as info:
+        pinstage.stage_many([([RaisingIndex(OtherClassError)], torch.int64)], device="cpu")
+    assert type(info.value) is KeyError
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_stage_into_cpu(dtype):
     rng = seeded_rng("into", dtype_name(dtype))

@@ -20,6 +20,7 @@
 #include "ops/logprob_indices.h"
 #include "ops/stage_prefill.h"
 #include "ops/write_cache_indices.h"
+#include "python/error_prefix.h"
 #include "python/py_objects.h"
 #include "ring/device_stats.h"
 #include "ring/options.h"
@@ -483,6 +484,7 @@ PYBIND11_MODULE(_C, m) {
     translate_errors([&] { parse_dtype(dtype.ptr(), what.c_str()); });
   });
   m.def("_set_fallback", [](py::handle fn) { set_fallback(fn.ptr()); });
+  m.def("_set_remade", [](py::handle fn) { set_remade(fn.ptr()); });
   m.def("_register_buffer_types", [](py::handle ndarray, py::handle generic, py::handle array) {
     register_buffer_types(ndarray.ptr(), generic.ptr(), array.ptr());
   });

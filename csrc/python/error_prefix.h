@@ -11,39 +11,34 @@
 
 namespace pinstage {
 
-// What `made` takes over from the error it stands for: its cause, context and notes, so that a
-// traceback shows the same chain (`raise ... from ...` inside a conversion included).
-inline void keep_chain(PyObject* original, PyObject* made) {
-  PyException_SetCause(made, PyException_GetCause(original));  // steals the new reference; may be null
-  reinterpret_cast<PyBaseExceptionObject*>(made)->suppress_context =
-      reinterpret_cast<PyBaseExceptionObject*>(original)->suppress_context;  // SetCause set it
-  PyException_SetContext(made, PyException_GetContext(original));
-  THPObjectPtr notes(PyObject_GetAttrString(original, "__notes__"));
-  // A copy of PEP 678's list, not shared; anything else is left behind (as the fallback does).
-  THPObjectPtr copied(notes.get() != nullptr && PyList_Check(notes.get()) ? PySequence_List(notes.get()) : nullptr);
-  if (copied.get() == nullptr || PyObject_SetAttrString(made, "__notes__", copied.get()) != 0) PyErr_Clear();
+// pinstage._fallback.remade, registered at import: the one rule for re-making an error with a
+// longer message (its cause, context, notes and traceback kept), shared with the Python builders.
+// Never released, as the fallback converter is not.
+inline PyObject* g_remade = nullptr;
+
+inline void set_remade(PyObject* fn) {
+  Py_XINCREF(fn);
+  g_remade = fn;
 }
 
-// The error `value` of `type` again, its message prefixed with where + ": " (a new reference), or
-// null where the type cannot be made from one message (an __init__ that takes other arguments):
-// then the original is raised, the prefix added as a note (PEP 678) that its traceback shows.
-inline PyObject* prefixed_error(PyObject* type, PyObject* value, const std::string& where) {
-  THPObjectPtr text(value != nullptr ? PyObject_Str(value) : nullptr);
+// The error `value` again (its type, or what the type's __new__ returns), its message prefixed with
+// where + ": ", as a new reference; null where the type cannot be made from one message (an __init__
+// that takes other arguments): then the original is raised, the prefix added as a note (PEP 678)
+// that its traceback shows.
+inline PyObject* prefixed_error(PyObject* value, const std::string& where) {
+  THPObjectPtr text(PyObject_Str(value));
   const char* message = text.get() != nullptr ? PyUnicode_AsUTF8(text.get()) : nullptr;
   if (message == nullptr) PyErr_Clear();
   const std::string prefixed = where + ": " + (message != nullptr ? message : "(no message)");
   THPObjectPtr arg(PyUnicode_FromStringAndSize(prefixed.data(), static_cast<Py_ssize_t>(prefixed.size())));
-  PyObject* made = arg.get() != nullptr ? PyObject_CallOneArg(type, arg.get()) : nullptr;
-  if (made != nullptr && PyExceptionInstance_Check(made)) {
-    if (value != nullptr) keep_chain(value, made);
-    return made;
-  }
+  PyObject* made = arg.get() != nullptr && g_remade != nullptr
+                       ? PyObject_CallFunctionObjArgs(g_remade, value, arg.get(), nullptr)
+                       : nullptr;
+  if (made != nullptr && made != value && PyExceptionInstance_Check(made)) return made;
   Py_XDECREF(made);
   PyErr_Clear();
-  if (value != nullptr) {
-    THPObjectPtr noted(PyObject_CallMethod(value, "add_note", "s", where.c_str()));
-    if (noted.get() == nullptr) PyErr_Clear();
-  }
+  THPObjectPtr noted(PyObject_CallMethod(value, "add_note", "s", where.c_str()));
+  if (noted.get() == nullptr) PyErr_Clear();
   return nullptr;
 }
 
@@ -59,7 +54,7 @@ auto with_error_prefix(Prefix&& prefix, Fn&& fn) -> decltype(fn()) {
     PyErr_Fetch(&type, &value, &traceback);
     if (type == nullptr) throw;
     PyErr_NormalizeException(&type, &value, &traceback);
-    if (PyObject* prefixed = prefixed_error(type, value, where)) {
+    if (PyObject* prefixed = value != nullptr ? prefixed_error(value, where) : nullptr) {
       // Restored with its own type: a __new__ may return an instance of another class.
       Py_INCREF(Py_TYPE(prefixed));
       Py_DECREF(type);
