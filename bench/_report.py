@@ -107,8 +107,10 @@ def markdown_checks(checks):
 
 def write_json(path, report):
     os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
-    with open(path, "w") as f:
+    # Whole or not at all: a run killed while writing leaves the previous file, not half of one.
+    with open(path + ".tmp", "w") as f:
         json.dump(report, f, indent=1)
+    os.replace(path + ".tmp", path)
     print("wrote %s" % path)
 
 

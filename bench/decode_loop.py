@@ -881,12 +881,21 @@ def main(argv=None):
         % (meta["gpu"] or "the CPU", meta["torch"], steps, repeats)
     )
     rows = []
+
+    def report(found, complete):
+        titles = {n: BACKENDS[n].title for n in backends}
+        return dict(
+            meta=meta, steps=steps, repeats=repeats, backends=titles, results=rows, checks=found, complete=complete
+        )
+
     for ms in forwards:
         for bs in sizes:
             cfg = Config(batch_size=bs, forward_ms=ms, steps=steps, warmup_steps=5 if args.quick else 20)
             rows.append(
                 {"batch_size": bs, "forward_ms": ms, "backends": run_config(cfg, dev, cycles, repeats, backends)}
             )
+            # Written after every configuration: a run stopped by a time box keeps the ones it finished.
+            _report.write_json(args.json, report([], False))
     print_tables(rows)
     print(
         "(tokens/s: tokens generated per second of wall time; prep: host time per step preparing and staging the "
@@ -894,17 +903,7 @@ def main(argv=None):
     )
     found = checks(rows) if dev.type == "cuda" else []
     _report.print_checks(found)
-    _report.write_json(
-        args.json,
-        {
-            "meta": meta,
-            "steps": steps,
-            "repeats": repeats,
-            "backends": {n: BACKENDS[n].title for n in backends},
-            "results": rows,
-            "checks": found,
-        },
-    )
+    _report.write_json(args.json, report(found, True))
     if dev.type == "cuda":
         plot(os.path.splitext(args.json)[0] + ".png", rows, meta)
 

@@ -7,6 +7,7 @@ tensors and rows, and the builders' table fits a terminal."""
 
 import contextlib
 import io
+import json
 import os
 import random
 import resource
@@ -213,3 +214,26 @@ def test_workload_mixes_what_the_builders_must_handle():
     assert any(s.params.repetition_penalty != 1 for s in specs)
     assert len({s.max_new_tokens for s in specs}) > 20
     assert all(cfg.prefix_len + len(s.prompt) + s.max_new_tokens < cfg.max_ctx for s in specs)
+
+
+def test_the_decode_loop_keeps_the_configurations_it_finished(tmp_path, monkeypatch):
+    """Its JSON is rewritten after every configuration, whole, so a run a time box stops keeps what it
+    finished, marked incomplete."""
+    done = []
+
+    def run_config(cfg, dev, cycles, repeats, backends):
+        done.append((cfg.batch_size, cfg.forward_ms))
+        if len(done) == 2:
+            raise KeyboardInterrupt  # the time box, during the second configuration
+        return {"ideal": {"tokens_per_s": 1.0}}
+
+    monkeypatch.setattr(decode_loop, "run_config", run_config)
+    monkeypatch.setattr(decode_loop._timing, "pin_to_one_core", lambda: None)  # not this test process
+    out = tmp_path / "decode_loop.json"
+    with pytest.raises(KeyboardInterrupt):
+        decode_loop.main(["--device", "cpu", "--batch-sizes", "1,8", "--forward-ms", "0.2", "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert report["complete"] is False and report["checks"] == []
+    assert [(r["batch_size"], r["forward_ms"]) for r in report["results"]] == [(1, 0.2)]
+    assert report["results"][0]["backends"] == {"ideal": {"tokens_per_s": 1.0}}
+    assert sorted(os.listdir(tmp_path)) == ["decode_loop.json"], "no half-written file is left beside it"
