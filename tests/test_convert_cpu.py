@@ -842,25 +842,60 @@ class RaisingIndex:
         raise self.error_class("bad")
 
 
-@pytest.mark.parametrize("api", ["stage_to_device", "stage_many"])
+class InterruptedRemakeError(ValueError):
+    """An error whose class, called with pinstage's longer message, is interrupted (as a signal
+    handler's KeyboardInterrupt would interrupt any Python code run then)."""
+
+    def __init__(self, message):
+        if message.startswith("pinstage"):
+            raise KeyboardInterrupt("while re-making")
+        super().__init__(message)
+
+
+# Where a conversion's error is re-made: the fallback (torch.tensor's conversion, in Python), the
+# fallback and then the core (stage_many's item), and the core alone (a row index read in C++).
+REMAKERS = ["stage_to_device", "stage_many", "write_rows"]
+
+
+def raise_through(api, error_class):
+    data = [RaisingIndex(error_class)]
+    if api == "stage_many":
+        pinstage.stage_many([(data, torch.int64)], device="cpu")
+    elif api == "write_rows":
+        inputs = pinstage.StaticInputs({"a": pinstage.Field(torch.int64, (4,))}, max_bs=4, device="cpu")
+        inputs.write_rows("a", data, [0], [[1]])
+    else:
+        pinstage.stage_to_device(data, torch.int64, device="cpu")
+
+
+@pytest.mark.parametrize("api", REMAKERS)
 def test_an_error_class_that_makes_no_error_from_the_message_is_raised_as_it_was(api):
-    """Where re-making the error gives a non-error, the original is raised (stage_many adds its item as a note)."""
-    data = [RaisingIndex(NotRemadeError)]
+    """Where re-making the error gives a non-error, the original is raised (the core adds its location as a note)."""
     with pytest.raises(NotRemadeError) as info:
-        if api == "stage_many":
-            pinstage.stage_many([(data, torch.int64)], device="cpu")
-        else:
-            pinstage.stage_to_device(data, torch.int64, device="cpu")
+        raise_through(api, NotRemadeError)
     assert info.value.args == ("bad",)
-    notes = ["pinstage.stage_many: item 0"] if api == "stage_many" else None
-    assert getattr(info.value, "__notes__", None) == notes
+    notes = {
+        "stage_many": ["pinstage.stage_many: item 0"],
+        "write_rows": ["pinstage.StaticInputs.write_rows: field 'a': write 0"],
+    }
+    assert getattr(info.value, "__notes__", None) == notes.get(api)
 
 
-def test_an_error_class_that_makes_another_class_from_the_message_raises_that_class():
-    """stage_many raises what the error's class made of the prefixed message, with that object's own type."""
-    with pytest.raises(KeyError, match="item 0") as info:
-        pinstage.stage_many([([RaisingIndex(OtherClassError)], torch.int64)], device="cpu")
+@pytest.mark.parametrize("api", REMAKERS)
+def test_an_error_class_that_makes_another_class_from_the_message_raises_that_class(api):
+    """What the error's class made of the longer message is raised, with that object's own type."""
+    with pytest.raises(KeyError, match="element" if api == "stage_to_device" else "pinstage[.]") as info:
+        raise_through(api, OtherClassError)
     assert type(info.value) is KeyError
+
+
+@pytest.mark.parametrize("api", REMAKERS)
+def test_an_interrupt_while_an_error_is_remade_is_raised_not_lost(api):
+    """A KeyboardInterrupt raised by Python code that runs while an error is re-made reaches the
+    caller, the original error its context."""
+    with pytest.raises(KeyboardInterrupt, match="while re-making") as info:
+        raise_through(api, InterruptedRemakeError)
+    assert type(info.value.__context__) is InterruptedRemakeError
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)

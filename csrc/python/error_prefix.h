@@ -21,14 +21,23 @@ inline void set_remade(PyObject* fn) {
   g_remade = fn;
 }
 
+// Clears an error that Python code run here raised, unless it is no Exception (a KeyboardInterrupt
+// from a signal handler, a SystemExit): that one stays set, to be raised instead. True if it stays.
+inline bool clear_unless_interrupt() {
+  if (PyErr_Occurred() == nullptr) return false;
+  if (!PyErr_ExceptionMatches(PyExc_Exception)) return true;
+  PyErr_Clear();
+  return false;
+}
+
 // The error `value` again (its type, or what the type's __new__ returns), its message prefixed with
-// where + ": ", as a new reference; null where the type cannot be made from one message (an __init__
-// that takes other arguments): then the original is raised, the prefix added as a note (PEP 678)
-// that its traceback shows.
+// where + ": ", as a new reference. Null with no error set where the type cannot be made from one
+// message (an __init__ that takes other arguments): then the original is raised, the prefix added
+// as a note (PEP 678) that its traceback shows. Null with an error set: see clear_unless_interrupt.
 inline PyObject* prefixed_error(PyObject* value, const std::string& where) {
   THPObjectPtr text(PyObject_Str(value));
   const char* message = text.get() != nullptr ? PyUnicode_AsUTF8(text.get()) : nullptr;
-  if (message == nullptr) PyErr_Clear();
+  if (message == nullptr && clear_unless_interrupt()) return nullptr;
   const std::string prefixed = where + ": " + (message != nullptr ? message : "(no message)");
   THPObjectPtr arg(PyUnicode_FromStringAndSize(prefixed.data(), static_cast<Py_ssize_t>(prefixed.size())));
   PyObject* made = arg.get() != nullptr && g_remade != nullptr
@@ -36,9 +45,9 @@ inline PyObject* prefixed_error(PyObject* value, const std::string& where) {
                        : nullptr;
   if (made != nullptr && made != value && PyExceptionInstance_Check(made)) return made;
   Py_XDECREF(made);
-  PyErr_Clear();
+  if (clear_unless_interrupt()) return nullptr;
   THPObjectPtr noted(PyObject_CallMethod(value, "add_note", "s", where.c_str()));
-  if (noted.get() == nullptr) PyErr_Clear();
+  if (noted.get() == nullptr) clear_unless_interrupt();
   return nullptr;
 }
 
@@ -54,7 +63,23 @@ auto with_error_prefix(Prefix&& prefix, Fn&& fn) -> decltype(fn()) {
     PyErr_Fetch(&type, &value, &traceback);
     if (type == nullptr) throw;
     PyErr_NormalizeException(&type, &value, &traceback);
-    if (PyObject* prefixed = value != nullptr ? prefixed_error(value, where) : nullptr) {
+    PyObject* prefixed = value != nullptr ? prefixed_error(value, where) : nullptr;
+    if (PyErr_Occurred() != nullptr) {
+      // An interrupt raised while it was re-made: raised instead, the original its context.
+      PyObject *raised_type, *raised, *raised_traceback;
+      PyErr_Fetch(&raised_type, &raised, &raised_traceback);
+      PyErr_NormalizeException(&raised_type, &raised, &raised_traceback);
+      if (raised != nullptr) {
+        PyException_SetContext(raised, value);  // steals value
+      } else {
+        Py_XDECREF(value);
+      }
+      Py_DECREF(type);
+      Py_XDECREF(traceback);
+      PyErr_Restore(raised_type, raised, raised_traceback);
+      throw PythonError();
+    }
+    if (prefixed != nullptr) {
       // Restored with its own type: a __new__ may return an instance of another class.
       Py_INCREF(Py_TYPE(prefixed));
       Py_DECREF(type);
