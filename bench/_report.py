@@ -108,9 +108,14 @@ def markdown_checks(checks):
 def write_json(path, report):
     os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
     # Whole or not at all: a run killed while writing leaves the previous file, not half of one.
-    with open(path + ".tmp", "w") as f:
-        json.dump(report, f, indent=1)
-    os.replace(path + ".tmp", path)
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(report, f, indent=1)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
     print("wrote %s" % path)
 
 

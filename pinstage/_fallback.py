@@ -58,28 +58,35 @@ def _convert(data, dtype):
 def _with_location(exc, data, dtype):
     where = _first_refused_element(data, dtype)
     if where is None:
-        detail = "%s (dtype %s)" % (exc, dtype)
-    else:
-        index, value = where
-        what = "element " + "".join("[%d]" % i for i in index) if index else "data"
-        detail = "%s = %s cannot be converted to %s: %s" % (what, _short_repr(value), dtype, exc)
-    return remade(exc, "pinstage: " + detail)
+        return remade(exc, "pinstage: dtype %s" % dtype)
+    index, value = where
+    what = "element " + "".join("[%d]" % i for i in index) if index else "data"
+    return remade(exc, "pinstage: %s = %s cannot be converted to %s" % (what, _short_repr(value), dtype))
 
 
-def remade(exc: BaseException, message: str) -> BaseException:
-    """exc's type again with `message`, keeping exc's cause, context and notes, so that a traceback
-    shows the chain a user's conversion code raised; exc itself where its class cannot be made from
-    one message. The compiled core re-makes its errors ("item 3") with this function too."""
+def remade(exc: BaseException, where: str) -> BaseException:
+    """exc's type again with the message "where: exc's message", keeping exc's cause, context, notes
+    and traceback, so that a traceback shows the chain a user's conversion code raised; where its
+    class cannot be made from one message, exc itself with `where` added as a note (PEP 678). The
+    compiled core re-makes its errors ("item 3") with this function too."""
     try:
-        made = type(exc)(message)
+        text = str(exc)
     except Exception:
-        return exc
-    if not isinstance(made, BaseException):  # a __new__ that returns something else
+        text = "(no message)"
+    try:
+        made = type(exc)("%s: %s" % (where, text))
+    except Exception:
+        made = None
+    if not isinstance(made, BaseException):  # an __init__ of other arguments, a __new__ of something else
+        try:
+            exc.add_note(where)
+        except Exception:  # notes that are not a list
+            pass
         return exc
     made.__cause__, made.__context__ = exc.__cause__, exc.__context__
     made.__suppress_context__ = exc.__suppress_context__
     notes = getattr(exc, "__notes__", None)
-    if isinstance(notes, list):  # PEP 678's form; anything else is left behind (as the core does)
+    if isinstance(notes, list):  # PEP 678's form; anything else is left behind
         made.__notes__ = list(notes)
     return made.with_traceback(exc.__traceback__)  # down to the line that raised it
 

@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 import _baseline_builders  # noqa: E402
 import _baselines  # noqa: E402
 import _decode_model  # noqa: E402
+import _report  # noqa: E402
 import builders  # noqa: E402
 import decode_loop  # noqa: E402
 import prefill_copy  # noqa: E402
@@ -237,3 +238,21 @@ def test_the_decode_loop_keeps_the_configurations_it_finished(tmp_path, monkeypa
     assert [(r["batch_size"], r["forward_ms"]) for r in report["results"]] == [(1, 0.2)]
     assert report["results"][0]["backends"] == {"ideal": {"tokens_per_s": 1.0}}
     assert sorted(os.listdir(tmp_path)) == ["decode_loop.json"], "no half-written file is left beside it"
+
+
+def test_a_json_report_stopped_while_written_leaves_the_previous_one(tmp_path, monkeypatch):
+    """A report is written whole or not at all: a write stopped half way leaves the previous file
+    as it was and nothing beside it."""
+    path = str(tmp_path / "report.json")
+    _report.write_json(path, {"configurations": 1})
+
+    def half_then_stop(report, f, **kwargs):
+        f.write('{"configurations": ')
+        raise KeyboardInterrupt  # a time box
+
+    monkeypatch.setattr(_report.json, "dump", half_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        _report.write_json(path, {"configurations": 2})
+    monkeypatch.undo()
+    assert json.loads(open(path).read()) == {"configurations": 1}
+    assert os.listdir(tmp_path) == ["report.json"]

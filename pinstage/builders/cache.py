@@ -114,7 +114,7 @@ def _int64_column(name: str, column: IntColumn) -> torch.Tensor:
         result: torch.Tensor = pinstage.stage_to_device(column, torch.int64, device="cpu")
         return result
     except ValueError as exc:  # a value beyond int64, or an entry's own error: the element's index is the request's
-        error = remade(exc, f"write_cache_indices: {name}: {exc}")
+        error = remade(exc, f"write_cache_indices: {name}")
     try:  # as pinstage._fallback raises it: its chain kept, no cycle through this frame
         raise error
     finally:
