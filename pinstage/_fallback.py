@@ -75,20 +75,22 @@ def remade(exc: BaseException, where: str) -> BaseException:
         text = "(no message)"
     try:
         made = type(exc)("%s: %s" % (where, text))
-    except Exception:
+        if issubclass(type(made), BaseException):
+            made.__cause__, made.__context__ = exc.__cause__, exc.__context__
+            made.__suppress_context__ = exc.__suppress_context__
+            notes = getattr(exc, "__notes__", None)
+            if isinstance(notes, list):  # PEP 678's form; anything else is left behind
+                made.__notes__ = list(notes)
+            made = made.with_traceback(exc.__traceback__)  # down to the line that raised it
+    except Exception:  # an __init__ of other arguments, attributes that cannot be set
         made = None
-    if not isinstance(made, BaseException):  # an __init__ of other arguments, a __new__ of something else
-        try:
-            exc.add_note(where)
-        except Exception:  # notes that are not a list
-            pass
-        return exc
-    made.__cause__, made.__context__ = exc.__cause__, exc.__context__
-    made.__suppress_context__ = exc.__suppress_context__
-    notes = getattr(exc, "__notes__", None)
-    if isinstance(notes, list):  # PEP 678's form; anything else is left behind
-        made.__notes__ = list(notes)
-    return made.with_traceback(exc.__traceback__)  # down to the line that raised it
+    if issubclass(type(made), BaseException):
+        return made
+    try:
+        exc.add_note(where)
+    except Exception:  # notes that are not a list
+        pass
+    return exc
 
 
 def _short_repr(value, limit=60):

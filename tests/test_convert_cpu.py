@@ -8,6 +8,7 @@ import array
 import enum
 import gc
 import traceback
+import unittest.mock
 import weakref
 
 import numpy as np
@@ -824,6 +825,30 @@ class NotRemadeError(ValueError):
         return super().__new__(cls, message)
 
 
+class MockRemadeError(ValueError):
+    """An error whose class, called with pinstage's longer message, gives back an object that passes
+    isinstance(made, ValueError) but is no exception."""
+
+    def __new__(cls, message):
+        if message.startswith("pinstage"):
+            return unittest.mock.Mock(spec=ValueError)
+        return super().__new__(cls, message)
+
+
+class NoTracebackError(ValueError):
+    """An error whose with_traceback gives back no exception."""
+
+    def with_traceback(self, tb):
+        return None
+
+
+class FrozenError(ValueError):
+    """An error whose attributes cannot be set (a cause or context copied onto it raises)."""
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"frozen: {name}")
+
+
 class OtherClassError(ValueError):
     """An error whose class, called with pinstage's longer message, makes an error of another class."""
 
@@ -870,12 +895,17 @@ def raise_through(api, error_class):
         pinstage.stage_to_device(data, torch.int64, device="cpu")
 
 
+@pytest.mark.parametrize("error_class", [NotRemadeError, MockRemadeError, NoTracebackError, FrozenError])
 @pytest.mark.parametrize("api", REMAKERS)
-def test_an_error_class_that_makes_no_error_from_the_message_is_raised_as_it_was(api):
-    """Where re-making the error gives a non-error, the original is raised, each location a note."""
-    with pytest.raises(NotRemadeError) as info:
-        raise_through(api, NotRemadeError)
+def test_an_error_class_that_makes_no_error_from_the_message_is_raised_as_it_was(api, error_class):
+    """Where re-making the error gives no exception, or the copy cannot be completed, the original is
+    raised, each location a note."""
+    with pytest.raises(error_class) as info:
+        raise_through(api, error_class)
     assert info.value.args == ("bad",)
+    if error_class is FrozenError:
+        assert not hasattr(info.value, "__notes__"), "nor does it take a note"
+        return
     notes = info.value.__notes__
     if api == "write_rows":
         assert notes == ["pinstage.StaticInputs.write_rows: field 'a': write 0"]

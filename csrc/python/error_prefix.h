@@ -30,6 +30,7 @@ inline PyObject* remade(PyObject* value, const std::string& where) {
   THPObjectPtr text(PyUnicode_FromStringAndSize(where.data(), static_cast<Py_ssize_t>(where.size())));
   PyObject* made = text.get() != nullptr ? PyObject_CallFunctionObjArgs(g_remade, value, text.get(), nullptr) : nullptr;
   if (made == nullptr && PyErr_ExceptionMatches(PyExc_Exception)) PyErr_Clear();
+  if (made != nullptr && !PyExceptionInstance_Check(made)) Py_CLEAR(made);  // only an exception can be raised
   return made;
 }
 
