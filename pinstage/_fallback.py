@@ -8,6 +8,8 @@ torch.tensor's by construction. Errors keep torch's exception
 type; the message gains the index, value and dtype of the first element torch refuses.
 """
 
+from typing import cast
+
 import torch
 
 # torch.tensor's nesting limit; the search below never goes deeper (a self-nested list is finite
@@ -75,7 +77,7 @@ def remade(exc: BaseException, where: str) -> BaseException:
         text = "(no message)"
     try:
         made = type(exc)("%s: %s" % (where, text))
-        if issubclass(type(made), BaseException):
+        if issubclass(type(made), BaseException):  # else a __new__ gave back something else
             made.__cause__, made.__context__ = exc.__cause__, exc.__context__
             made.__suppress_context__ = exc.__suppress_context__
             notes = getattr(exc, "__notes__", None)
@@ -84,8 +86,8 @@ def remade(exc: BaseException, where: str) -> BaseException:
             made = made.with_traceback(exc.__traceback__)  # down to the line that raised it
     except Exception:  # an __init__ of other arguments, attributes that cannot be set
         made = None
-    if issubclass(type(made), BaseException):
-        return made
+    if issubclass(type(made), BaseException):  # type(), not isinstance: a Mock(spec=ValueError) passes that
+        return cast(BaseException, made)
     try:
         exc.add_note(where)
     except Exception:  # notes that are not a list
