@@ -12,7 +12,6 @@ namespace pinstage {
 namespace {
 
 constexpr const char* kApi = "builders.stage_prefill";  // messages add "pinstage."
-constexpr size_t kLogprobIndexCount = 4;                // the index tensors staged after the items
 
 // A host int64 array the call computed, staged as it is.
 ItemPlan computed_plan(at::Tensor values) {
@@ -35,7 +34,7 @@ std::vector<at::Tensor> stage_prefill(PyObject* items, std::vector<int64_t> exte
   check_items_sequence(items, kApi);
   const Target target = resolve_target(stream, device);
   std::vector<THPObjectPtr> held;
-  std::vector<ItemPlan> plans = plan_many(items, kApi, held, kLogprobIndexCount);  // the items' errors first
+  std::vector<ItemPlan> plans = plan_many(items, kApi, held);  // the items' errors first
   const int64_t item_count = static_cast<int64_t>(plans.size());
   auto [sample, input_logprob, pruned_lens, kept_rows] = logprob_indices(extend_lens, logprob_starts);
   for (at::Tensor* t : {&sample, &input_logprob, &pruned_lens, &kept_rows})

@@ -182,7 +182,7 @@ void check_items_sequence(PyObject* items, const char* api) {
                    Py_TYPE(items)->tp_name);
 }
 
-std::vector<ItemPlan> plan_many(PyObject* items, const char* api, std::vector<THPObjectPtr>& held, size_t more_plans) {
+std::vector<ItemPlan> plan_many(PyObject* items, const char* api, std::vector<THPObjectPtr>& held) {
   // Python code can run between planning and writing (the torch.tensor fallback; other threads
   // while on_full="wait" waits) and must not be able to free what the plans point at: each item's
   // data is held as soon as it is read. A list is read in place, not copied: Python code run by an
@@ -192,7 +192,7 @@ std::vector<ItemPlan> plan_many(PyObject* items, const char* api, std::vector<TH
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.get());
   held.reserve(held.size() + static_cast<size_t>(n));
   std::vector<ItemPlan> plans;
-  plans.reserve(static_cast<size_t>(n) + more_plans);
+  plans.reserve(static_cast<size_t>(n));
   for (Py_ssize_t i = 0; i < n; ++i) {
     TORCH_CHECK_VALUE(PySequence_Fast_GET_SIZE(seq.get()) == n, "pinstage.", api, ": items changed length from ", n,
                       " to ", PySequence_Fast_GET_SIZE(seq.get()), " while item ", i - 1,

@@ -36,13 +36,12 @@ struct KernelForCopy {
 // stage_many's parts, for calls that stage more with the caller's items. check_items_sequence
 // names items that are no sequence; callers run it before resolving the device, so that bad items
 // are named first. plan_many plans each (data, dtype) pair of `items` in order, holding its data in
-// `held` for the call, with room for `more_plans` the caller adds; errors name the item and the call,
-// `pinstage.<api>` (api is the short name, as "stage_many"). stage_plans stages the plans on `target`
-// (one ring region and one copy on a device, or `kernel` in place of the copy where given: a device
-// target only) and returns a tensor per plan; errors while writing name the item where api is not null.
+// `held` for the call; errors name the item and the call, `pinstage.<api>` (api is the short name,
+// as "stage_many"). stage_plans stages the plans on `target` (one ring region and one copy on a
+// device, or `kernel` in place of the copy where given: a device target only) and returns a tensor
+// per plan; errors while writing name the item where api is not null.
 void check_items_sequence(PyObject* items, const char* api);
-std::vector<ItemPlan> plan_many(PyObject* items, const char* api, std::vector<THPObjectPtr>& held,
-                                size_t more_plans = 0);
+std::vector<ItemPlan> plan_many(PyObject* items, const char* api, std::vector<THPObjectPtr>& held);
 std::vector<at::Tensor> stage_plans(std::vector<ItemPlan>& plans, const Target& target, const char* item_api,
                                     const KernelForCopy* kernel = nullptr);
 

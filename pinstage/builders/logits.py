@@ -80,7 +80,7 @@ def _column(name: str, values: object) -> npt.NDArray[Any]:
     the caller), anything else entry by entry: int64 when every entry is an int (a Python or numpy
     int, not a bool) that int64 holds, else an object array of the entries as given, which the
     caller's walk names (numpy would make [np.uint64(5), 3] float64 and [True, 2] ints)."""
-    given = type(values).__name__
+    given = values  # its type names it in the error, whatever it is read as
     if isinstance(values, torch.Tensor):
         require_host_tensor(name, values)  # as write_cache_indices takes its columns; the dtype: the caller's
         values = values.resolve_neg().numpy() if is_integer_dtype(values.dtype) else values.tolist()
@@ -103,7 +103,8 @@ def _column(name: str, values: object) -> npt.NDArray[Any]:
                 column = column.astype(np.int64)
     if column is None:
         raise TypeError(
-            f"{name} must be a list of ints, one per request, got {'nested' if nested else 'a scalar'} {given}"
+            f"{name} must be a list of ints, one per request, got {'nested' if nested else 'a scalar'} "
+            f"{type(given).__name__}"
         )
     return column
 
