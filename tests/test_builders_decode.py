@@ -96,3 +96,35 @@ def test_a_numpy_int_pool_index_is_taken_as_batch_state_takes_it():
     requests[1].req_pool_idx = np.int64(-1)
     with pytest.raises(ValueError, match=r"request 1: req_pool_idx must be >= 0, got (np.int64\(-1\)|-1)$"):
         build_decode_inputs(requests, device="cpu")
+
+
+class _CodedError(ValueError):
+    """An error class of the user's whose constructor takes more than a message."""
+
+    def __init__(self, code, detail):
+        super().__init__(f"[{code}] {detail}")
+        self.code = code
+
+
+class _TokenIdThatRaises:
+    def __index__(self):
+        raise _CodedError(7, "token id gone")
+
+
+def test_a_token_ids_own_error_is_raised_naming_the_request():
+    # The value's own error class, though it cannot be made from one message (the location then goes
+    # into a note), and no error of the builder's in front of it.
+    requests = [Request([1], [5]), Request([1], [_TokenIdThatRaises()])]
+    with pytest.raises(_CodedError) as info:
+        build_penalty_last_token_ids(requests, device="cpu")
+    assert info.value.code == 7 and str(info.value) == "[7] token id gone"
+    assert info.value.__notes__[-1].startswith("request 1: last token id = <")
+    assert info.value.__context__ is None and info.value.__cause__ is None
+
+
+def test_an_unconvertible_token_id_names_the_request_without_the_batch_error_before_it():
+    requests = [Request([1], [5]), Request([1], [2**64])]
+    message = r"^request 1: last token id = 18446744073709551616 cannot be converted to torch.int64: "
+    with pytest.raises(ValueError, match=message) as info:
+        build_penalty_last_token_ids(requests, device="cpu")
+    assert info.value.__context__ is None and info.value.__cause__ is None

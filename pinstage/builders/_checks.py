@@ -12,6 +12,7 @@ from typing_extensions import TypeGuard  # in typing from Python 3.10; torch dep
 import pinstage
 from pinstage import _C
 from pinstage._api import Device
+from pinstage._fallback import remade
 
 # (name, one value per request, dtype): a field as stage_fields stages it.
 NamedValues = Tuple[str, Union[Sequence[Any], npt.NDArray[Any]], torch.dtype]  # a list or a BatchState column
@@ -132,19 +133,31 @@ def stage_fields(
     fields: Sequence[NamedValues], stream: Optional[torch.cuda.Stream], device: Device
 ) -> List[torch.Tensor]:
     """fields: [(name, values, dtype)] with one value per request. Stages them together (one
-    stage_many: one ring region, one copy); when a value cannot be converted, re-raises the error
-    naming the request and the field."""
+    stage_many: one ring region, one copy); when a value cannot be converted, raises torch's error
+    for it, naming the request and the field."""
     try:
         return pinstage.stage_many([(values, dtype) for _, values, dtype in fields], stream, device=device)
     except pinstage.RingFullError:
         raise  # no value is at fault
     except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
-        for name, values, dtype in fields:
-            for i, value in enumerate(values):
-                try:
-                    torch.tensor(value, dtype=dtype)
-                except Exception as refused:  # noqa: BLE001 - the first value torch refuses is the one to name
-                    raise type(exc)(
-                        f"request {i}: {name} = {value!r} cannot be converted to {dtype}: {refused}"
-                    ) from None
-        raise
+        error: BaseException = exc
+    # Searched and raised outside the handler, which would make stage_many's error the context of
+    # each; the locals are dropped so that the error's traceback (which holds this frame) and the
+    # frame do not keep each other alive. Where every value converts alone, the batch is at fault.
+    named = _refused_value(fields)
+    try:
+        raise error if named is None else named
+    finally:
+        del error, named
+
+
+def _refused_value(fields: Sequence[NamedValues]) -> Optional[BaseException]:
+    """torch.tensor's error for the first value it refuses, its class kept (a value's own code may
+    raise any), re-made naming the request and the field; None when every value converts."""
+    for name, values, dtype in fields:
+        for i, value in enumerate(values):
+            try:
+                torch.tensor(value, dtype=dtype)
+            except Exception as refused:  # noqa: BLE001 - the first value torch refuses is the one to name
+                return remade(refused, f"request {i}: {name} = {value!r} cannot be converted to {dtype}")
+    return None
