@@ -2,12 +2,11 @@
 failure, to name the request and the field."""
 
 import math
-from typing import Any, Callable, List, NoReturn, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, NoReturn, Optional, Sequence, Tuple, TypeGuard, Union
 
 import numpy as np
 import numpy.typing as npt
 import torch
-from typing_extensions import TypeGuard  # in typing from Python 3.10; torch depends on typing_extensions
 
 import pinstage
 from pinstage import _C
