@@ -115,3 +115,17 @@ class PackedPinnedBuffer:
         end = self.last_start + max(n, self.dirty) * self.last_row_bytes
         self.whole[:end].copy_(self.host[:end], non_blocking=True)
         self.dirty = n
+
+
+class FloorCopies:
+    """One host-to-device copy of n bytes from pinned memory filled beforehand, into device memory
+    nothing reads: the copy a staging makes, without converting anything or guarding the memory.
+    For timing only (the host memory is never rewritten, so it races with nothing)."""
+
+    def __init__(self, device, capacity):
+        device = torch.device(device)
+        self.host = torch.zeros(capacity, dtype=torch.uint8, pin_memory=device.type == "cuda")
+        self.device = torch.empty(capacity, dtype=torch.uint8, device=device)
+
+    def copy(self, n):
+        self.device[:n].copy_(self.host[:n], non_blocking=True)

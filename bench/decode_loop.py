@@ -28,6 +28,10 @@ values come from and how they reach the device (the table's legend says which pa
   ideal_same_host  the state backends' host work (bookkeeping, the decode values, the prefill's lists),
                    then one device-to-device copy of inputs recorded on the device: its ratio to a state
                    backend is staging alone
+  copy_floor       ideal_same_host plus, for each staging pinstage_static makes (the step's inputs, a
+                   prefill's, the keep indices), one host-to-device copy of as many bytes from pinned
+                   memory filled beforehand: what the copies cost by themselves, which no engine that
+                   stages from the host avoids; pinstage_static over it is the staging's host work
   ideal            no host preparation at all: recorded device inputs, one device-to-device copy
 "numpy state" is BatchState's columns (written when a request joins, compacted when requests leave);
 "request objects" is a Python gather over the running requests each step. Prefill inputs and the
@@ -68,7 +72,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import _baseline_builders as baseline  # noqa: E402
 import _report  # noqa: E402
 import _timing  # noqa: E402
-from _baselines import CpuGpuBuffer, PackedPinnedBuffer, pinned_host, stage  # noqa: E402
+from _baselines import CpuGpuBuffer, FloorCopies, PackedPinnedBuffer, pinned_host, stage  # noqa: E402
 from _decode_model import (  # noqa: E402
     DecodeGraphs,
     SamplerInputs,
@@ -115,6 +119,9 @@ BACKENDS = {
         "state", "static_inputs", "pinstage", "numpy state -> BatchState.stage_static (StaticInputs): one copy"
     ),
     "ideal_same_host": Backend("state", "snapshot", "replay", "ideal, same host work: state bookkeeping, no staging"),
+    "copy_floor": Backend(
+        "state", "floor_copies", "replay", "ideal, same host work, and each staging's bytes copied from filled memory"
+    ),
     "ideal": Backend(None, "snapshot", "replay", "ideal: no host preparation, inputs already on the device"),
 }
 # What each step buys, as a ratio of tokens/s between two backends that differ in that step alone.
@@ -123,6 +130,8 @@ GAINS = {
     "ring gain": ("pinstage_state", "sglang_state"),  # pinstage instead of a pinned tensor per field, same state
     "one-copy gain": ("pinstage_static", "pinstage_state"),  # one copy for every field instead of one each
     "ring's cost": ("pinstage_static", "packed_buffer"),  # the same one copy, guarded by the ring or not
+    "copies' cost": ("copy_floor", "ideal_same_host"),  # the staging copies alone, nothing converted
+    "beyond copies": ("pinstage_static", "copy_floor"),  # pinstage's host work around those copies
 }
 RECORDER = "pinstage_state"  # the untimed run whose device inputs the ideals replay
 UNSAFE = ("vllm_buffer", "packed_buffer")  # baselines that rewrite pinned memory a copy may still read
@@ -219,6 +228,23 @@ class PrefillInputs(NamedTuple):
     cache_write: tuple = None  # the ideal's ((row, column) device indices, values) for those writes
 
 
+def staged_bytes(item):
+    """The bytes pinstage_static copies to the device for one recorded staging: every input of a
+    decode step (a Snapshot of the whole allocation, an upper bound: a stage copies the rows in use
+    and the fills), a prefill's staged tensors, or the keep indices."""
+    if isinstance(item, Snapshot):
+        return item.whole.nbytes
+    if isinstance(item, PrefillInputs):
+        item = item[: PrefillInputs._fields.index("cache_rows")]  # cache_write is the ideal's own
+    if isinstance(item, torch.Tensor):
+        return item.nbytes
+    if dataclasses.is_dataclass(item):  # a SamplingBatch
+        item = [getattr(item, f.name) for f in dataclasses.fields(item)]
+    if isinstance(item, (tuple, list)):
+        return sum(staged_bytes(v) for v in item)
+    return 0  # flags
+
+
 def for_the_ideal(recorded):
     """A run's recorded inputs with each prefill's cache write turned into device index tensors
     (made before the ideals' timed runs), so that the ideals do that write without host work."""
@@ -263,6 +289,11 @@ class Loop:
         self.inflight = []  # (read-back handle, request ids in batch order)
         self.prep_s, self.step_prep, self.step_events = [], 0.0, []  # prep_s: (seconds, prefill ran) per step
         self.record, self.replay = record, None if replay is None else iter(replay)
+        # copy_floor: the bytes of each replayed staging, counted before the timed steps
+        self.floor, self.floor_bytes = None, None
+        if self.kind.copy == "floor_copies":
+            sizes = [staged_bytes(item) for item in replay]
+            self.floor, self.floor_bytes = FloorCopies(self.dev, max(sizes)), iter(sizes)
         self.filling = True  # until the batch first reaches its size, requests are admitted every step
         self.filled = 0  # rows of the static inputs holding live addresses (the per-field copies pad the rest)
         self.step_index = 0
@@ -278,6 +309,8 @@ class Loop:
             if host_work is not None and self.kind.source is not None:
                 host_work()
             value = next(self.replay)
+            if self.floor is not None:
+                self.floor.copy(next(self.floor_bytes))
         else:
             value = build()
             if self.record is not None:
