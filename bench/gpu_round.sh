@@ -11,7 +11,7 @@
 #   $OUT/tests.txt. Engine code (SGLang, vLLM) is read from .engines/ (carry it: nothing downloads there).
 #   TESTS_SECONDS, BENCH_SECONDS (each benchmark), LOOP_SECONDS (each engine loop), DECODE_SECONDS,
 #   SANITIZER_SECONDS (each tool of SANITIZER_TOOLS, default "memcheck synccheck"): the time boxes;
-#   DECODE_ARGS: the decode loop's arguments (default "--steps 300 --repeats 3", about 5 minutes; its JSON
+#   DECODE_ARGS: the decode loop's arguments (default "--steps 300 --repeats 3", about 6 minutes; its JSON
 #   is rewritten after each configuration, "complete": false until the last, so a time box keeps those done);
 #   MICROBENCH_ARGS: more microbenchmark arguments (e.g. "--repeats 9"); PREP_SPLIT_ARGS: prep_split's
 #   (default bs 64, 0.2 ms forward).
@@ -163,7 +163,7 @@ for loop in sglang_loop vllm_loop row_writes; do
 done
 if has decode; then
   stamp "decode loop"
-  boxed decode_loop "${DECODE_SECONDS:-420}" python3 bench/decode_loop.py $quick ${DECODE_ARGS:---steps 300 --repeats 3} \
+  boxed decode_loop "${DECODE_SECONDS:-480}" python3 bench/decode_loop.py $quick ${DECODE_ARGS:---steps 300 --repeats 3} \
     --json "$OUT/decode_loop.json"
   tail -n 40 "$OUT/decode_loop.log"
 fi
