@@ -89,7 +89,8 @@ def remade(exc: BaseException, where: str) -> BaseException:
     if issubclass(type(made), BaseException):  # type(), not isinstance: a Mock(spec=ValueError) passes that
         return cast(BaseException, made)
     try:
-        exc.add_note(where)
+        if where not in getattr(exc, "__notes__", ()):  # an instance raised again: one note per place
+            exc.add_note(where)
     except Exception:  # notes that are not a list
         pass
     return exc

@@ -128,3 +128,31 @@ def test_an_unconvertible_token_id_names_the_request_without_the_batch_error_bef
     with pytest.raises(ValueError, match=message) as info:
         build_penalty_last_token_ids(requests, device="cpu")
     assert info.value.__context__ is None and info.value.__cause__ is None
+
+
+class _TokenIdWithAttributeError:
+    def __index__(self):
+        raise AttributeError("token id gone")
+
+
+def test_any_error_class_of_a_values_own_code_names_the_request():
+    requests = [Request([1], [5]), Request([1], [_TokenIdWithAttributeError()])]
+    message = r"^request 1: last token id = <.*> cannot be converted to torch.int64: token id gone$"
+    with pytest.raises(AttributeError, match=message):
+        build_penalty_last_token_ids(requests, device="cpu")
+
+
+def test_an_error_instance_raised_again_gets_no_second_set_of_notes():
+    # A value that raises the same stored instance each time (as a cached future's result() does).
+    stored = _CodedError(7, "token id gone")
+
+    class Stored:
+        def __index__(self):
+            raise stored
+
+    requests = [Request([1], [Stored()])]
+    for _ in range(3):
+        with pytest.raises(_CodedError):
+            build_penalty_last_token_ids(requests, device="cpu")
+        notes = list(stored.__notes__)
+    assert len(notes) == len(set(notes)) and notes[-1].startswith("request 0: last token id = <")

@@ -11,13 +11,13 @@ import logging
 import pathlib
 import sys
 import textwrap
+import tomllib
 import types
 import warnings
 
 import numpy as np
 import pytest
 import staging_reference
-import tomllib
 import torch
 from staging_reference import assert_same_tensor
 from support import DEVICES, run_child, run_while_stream_busy

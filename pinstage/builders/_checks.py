@@ -138,13 +138,14 @@ def stage_fields(
         return pinstage.stage_many([(values, dtype) for _, values, dtype in fields], stream, device=device)
     except pinstage.RingFullError:
         raise  # no value is at fault
-    except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
+    except Exception as exc:  # any class: a value's own code may raise it
         error: BaseException = exc
     # Searched and raised outside the handler, which would make stage_many's error the context of
     # each; the locals are dropped so that the error's traceback (which holds this frame) and the
     # frame do not keep each other alive. Where every value converts alone, the batch is at fault.
-    named = _refused_value(fields)
+    named = None
     try:
+        named = _refused_value(fields)
         raise error if named is None else named
     finally:
         del error, named
