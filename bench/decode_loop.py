@@ -28,10 +28,13 @@ values come from and how they reach the device (the table's legend says which pa
   ideal_same_host  the state backends' host work (bookkeeping, the decode values, the prefill's lists),
                    then one device-to-device copy of inputs recorded on the device: its ratio to a state
                    backend is staging alone
-  copy_floor       ideal_same_host plus, for each staging pinstage_static makes (the step's inputs, a
-                   prefill's, the keep indices), one host-to-device copy of as many bytes from pinned
-                   memory filled beforehand: what the copies cost by themselves, which no engine that
-                   stages from the host avoids; pinstage_static over it is the staging's host work
+  copy_floor       ideal_same_host, but each staging pinstage_static makes is one host-to-device copy
+                   of as many bytes from pinned memory filled beforehand (a decode step's inputs restored
+                   that way, not from the device; a prefill's bytes and the keep indices into memory
+                   nothing reads): what the copies cost by themselves, which no engine that stages from
+                   the host avoids. pinstage_static over it is the staging's host work, but that the
+                   ideals' prefill writes its cache rows by an index_put_ where stage_prefill's one
+                   launch copies and writes them
   ideal            no host preparation at all: recorded device inputs, one device-to-device copy
 "numpy state" is BatchState's columns (written when a request joins, compacted when requests leave);
 "request objects" is a Python gather over the running requests each step. Prefill inputs and the
@@ -235,14 +238,14 @@ def staged_bytes(item):
     if isinstance(item, Snapshot):
         return item.whole.nbytes
     if isinstance(item, PrefillInputs):
-        item = item[: PrefillInputs._fields.index("cache_rows")]  # cache_write is the ideal's own
+        item = item._replace(cache_rows=None, cache_write=None)  # the ideal's own, not staged
     if isinstance(item, torch.Tensor):
         return item.nbytes
     if dataclasses.is_dataclass(item):  # a SamplingBatch
         item = [getattr(item, f.name) for f in dataclasses.fields(item)]
     if isinstance(item, (tuple, list)):
         return sum(staged_bytes(v) for v in item)
-    return 0  # flags
+    return 0  # a flag, or a field left out (None)
 
 
 def for_the_ideal(recorded):
@@ -289,11 +292,12 @@ class Loop:
         self.inflight = []  # (read-back handle, request ids in batch order)
         self.prep_s, self.step_prep, self.step_events = [], 0.0, []  # prep_s: (seconds, prefill ran) per step
         self.record, self.replay = record, None if replay is None else iter(replay)
-        # copy_floor: the bytes of each replayed staging, counted before the timed steps
-        self.floor, self.floor_bytes = None, None
+        # copy_floor: each replayed staging's copy, its views made before the timed steps
+        self.floor = None
         if self.kind.copy == "floor_copies":
-            sizes = [staged_bytes(item) for item in replay]
-            self.floor, self.floor_bytes = FloorCopies(self.dev, max(sizes)), iter(sizes)
+            items = list(replay)
+            inputs = [isinstance(item, Snapshot) for item in items]
+            self.floor = FloorCopies(items, [staged_bytes(item) for item in items], inputs, self.dev)
         self.filling = True  # until the batch first reaches its size, requests are admitted every step
         self.filled = 0  # rows of the static inputs holding live addresses (the per-field copies pad the rest)
         self.step_index = 0
@@ -310,7 +314,7 @@ class Loop:
                 host_work()
             value = next(self.replay)
             if self.floor is not None:
-                self.floor.copy(next(self.floor_bytes))
+                self.floor.copy_next()
         else:
             value = build()
             if self.record is not None:
@@ -485,9 +489,10 @@ class Loop:
                 dst.copy_(torch.tensor(v, dtype=dst.dtype))
 
     def decode(self, snapshot, bs):
-        """The graph's replay on the static inputs (restored from `snapshot` by the ideals) and the
-        device's next input ids. Returns the sampled tokens (device)."""
-        if self.replay is not None:
+        """The graph's replay on the static inputs (restored from `snapshot` by the ideals, but
+        copy_floor, whose staging restored them from the host) and the device's next input ids.
+        Returns the sampled tokens (device)."""
+        if self.replay is not None and self.floor is None:
             snapshot.restore()
         self.graphs.input_ids[:bs].copy_(self.next_ids, non_blocking=True)
         return self.graphs.run(bs)

@@ -161,33 +161,43 @@ def test_every_backend_generates_the_same_tokens(device, one_thread):
             assert summary["requests_with_other_tokens"] == 0, name
 
 
-def test_copy_floor_copies_as_many_bytes_as_each_staging(one_thread, monkeypatch):
-    """copy_floor makes one copy per replayed staging, and a prefill's is as large as the tensors
-    pinstage's stage_prefill gave the recording run (its staged items and logits indices)."""
+def test_copy_floor_copies_what_each_staging_copies(one_thread, monkeypatch):
+    """copy_floor's copy for each replayed staging: a decode step's recorded inputs into the graph's
+    inputs (its tokens equal the others', test above), and for a prefill or the keep indices as many
+    bytes as pinstage staged for them in the recording run."""
     cfg, dev = small_loop(), torch.device("cpu")
     specs = decode_loop.make_workload(cfg, 4 * cfg.batch_size + 8 * (cfg.warmup_steps + cfg.steps))
     model = _decode_model.TinyDecoder(cfg, dev)
     graphs = _decode_model.DecodeGraphs(model, cfg.forward_ms, 0.0)
-    prefill_bytes, stage_prefill = [], decode_loop.stage_prefill
+    staged_bytes, stage_prefill, stage = [], decode_loop.stage_prefill, decode_loop.stage
 
-    def counted(*args, **kwargs):
-        staged, indices = stage_prefill(*args, **kwargs)
-        i = indices
+    def prefill_counted(*args, **kwargs):
+        staged, i = stage_prefill(*args, **kwargs)
         index_tensors = [i.sample_indices, i.input_logprob_indices, i.pruned_lens, i.pruned_row_indices]
-        prefill_bytes.append(sum(t.nbytes for t in [*staged, *index_tensors]))
-        return staged, indices
+        staged_bytes.append(sum(t.nbytes for t in [*staged, *index_tensors]))
+        return staged, i
 
-    monkeypatch.setattr(decode_loop, "stage_prefill", counted)
+    def keep_counted(items, *args):
+        staged = stage(items, *args)
+        staged_bytes.append(sum(t.nbytes for t in staged))
+        return staged
+
+    monkeypatch.setattr(decode_loop, "stage_prefill", prefill_counted)
+    monkeypatch.setattr(decode_loop, "stage", keep_counted)
     recorded = []
     decode_loop.run_backend(decode_loop.RECORDER, cfg, model, graphs, specs, record=recorded)
     replay = decode_loop.for_the_ideal(recorded)
-    sizes = [decode_loop.staged_bytes(item) for item in replay]
-    prefills = [n for n, item in zip(sizes, replay) if isinstance(item, decode_loop.PrefillInputs)]
-    assert prefills == prefill_bytes and len(prefills) > 1
-    copies = []
-    monkeypatch.setattr(_baselines.FloorCopies, "copy", lambda self, n: copies.append(n))
-    decode_loop.run_backend("copy_floor", cfg, model, graphs, specs, replay=replay)
-    assert len(copies) > cfg.steps and copies == sizes[: len(copies)]
+    loop = decode_loop.Loop("copy_floor", cfg, model, graphs, specs, replay=replay)
+    assert len(loop.floor.pairs) == len(replay)
+    others = []
+    for item, (dst, src) in zip(replay, loop.floor.pairs):
+        assert dst.nbytes == src.nbytes and src.device.type == "cpu"
+        if isinstance(item, _decode_model.Snapshot):
+            assert dst is item.whole and torch.equal(src, item.saved)
+        else:
+            others.append(dst.nbytes)
+    kinds = {type(item).__name__ for item in replay}
+    assert others == staged_bytes and {"Snapshot", "PrefillInputs", "list"} <= kinds
 
 
 def test_prep_split_times_the_timed_steps_of_its_backend_only(one_thread):
