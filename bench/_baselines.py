@@ -115,28 +115,3 @@ class PackedPinnedBuffer:
         end = self.last_start + max(n, self.dirty) * self.last_row_bytes
         self.whole[:end].copy_(self.host[:end], non_blocking=True)
         self.dirty = n
-
-
-class FloorCopies:
-    """For each replayed staging, the views of one host-to-device copy, made before the timed steps:
-    a decode step's recorded inputs restored from pinned memory into the graph's inputs (in place of
-    the ideals' device-to-device restore), and for any other staging as many bytes as it staged, from
-    pinned memory into device memory nothing reads. Nothing is converted and nothing guards the host
-    memory, which is never rewritten. items: the replayed values; sizes: their staged bytes; is_inputs:
-    whether an item is a decode step's inputs (a Snapshot)."""
-
-    def __init__(self, items, sizes, is_inputs, device):
-        device = torch.device(device)
-        pin = device.type == "cuda"
-        scratch = max([n for n, inputs in zip(sizes, is_inputs) if not inputs], default=0)
-        host = torch.zeros(scratch, dtype=torch.uint8, pin_memory=pin)
-        dev = torch.empty(scratch, dtype=torch.uint8, device=device)
-        self.pairs = [  # (device destination, host source), one per item
-            (item.whole, item.saved.cpu().pin_memory() if pin else item.saved.cpu()) if inputs else (dev[:n], host[:n])
-            for item, n, inputs in zip(items, sizes, is_inputs)
-        ]
-        self._next = iter(self.pairs)
-
-    def copy_next(self):
-        dst, src = next(self._next)
-        dst.copy_(src, non_blocking=True)

@@ -75,7 +75,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import _baseline_builders as baseline  # noqa: E402
 import _report  # noqa: E402
 import _timing  # noqa: E402
-from _baselines import CpuGpuBuffer, FloorCopies, PackedPinnedBuffer, pinned_host, stage  # noqa: E402
+from _baselines import CpuGpuBuffer, PackedPinnedBuffer, pinned_host, stage  # noqa: E402
 from _decode_model import (  # noqa: E402
     DecodeGraphs,
     SamplerInputs,
@@ -232,11 +232,8 @@ class PrefillInputs(NamedTuple):
 
 
 def staged_bytes(item):
-    """The bytes pinstage_static copies to the device for one recorded staging: every input of a
-    decode step (a Snapshot of the whole allocation, an upper bound: a stage copies the rows in use
-    and the fills), a prefill's staged tensors, or the keep indices."""
-    if isinstance(item, Snapshot):
-        return item.whole.nbytes
+    """The bytes pinstage staged for one recorded staging other than a decode step's inputs: a
+    prefill's tensors, or the keep indices."""
     if isinstance(item, PrefillInputs):
         item = item._replace(cache_rows=None, cache_write=None)  # the ideal's own, not staged
     if isinstance(item, torch.Tensor):
@@ -246,6 +243,33 @@ def staged_bytes(item):
     if isinstance(item, (tuple, list)):
         return sum(staged_bytes(v) for v in item)
     return 0  # a flag, or a field left out (None)
+
+
+class FloorCopies:
+    """copy_floor's copies: for each replayed staging, the views of one host-to-device copy, made
+    before the timed steps. A decode step's recorded inputs (a Snapshot) are restored from pinned
+    memory into the graph's inputs, in place of the ideals' device-to-device restore; any other
+    staging copies as many bytes as it staged from pinned memory into device memory nothing reads.
+    Nothing is converted and nothing guards the host memory, which is never rewritten."""
+
+    def __init__(self, replay, device):
+        pin = device.type == "cuda"
+        sizes = [None if isinstance(item, Snapshot) else staged_bytes(item) for item in replay]
+        scratch = max([n for n in sizes if n is not None], default=0)
+        host = torch.zeros(scratch, dtype=torch.uint8, pin_memory=pin)
+        dev = torch.empty(scratch, dtype=torch.uint8, device=device)
+        self.pairs = []  # (device destination, host source), one per replayed staging
+        for item, n in zip(replay, sizes):
+            if n is None:
+                saved = item.saved.cpu()
+                self.pairs.append((item.whole, saved.pin_memory() if pin else saved))
+            else:
+                self.pairs.append((dev[:n], host[:n]))
+        self._next = iter(self.pairs)
+
+    def copy_next(self):
+        dst, src = next(self._next)
+        dst.copy_(src, non_blocking=True)
 
 
 def for_the_ideal(recorded):
@@ -292,12 +316,7 @@ class Loop:
         self.inflight = []  # (read-back handle, request ids in batch order)
         self.prep_s, self.step_prep, self.step_events = [], 0.0, []  # prep_s: (seconds, prefill ran) per step
         self.record, self.replay = record, None if replay is None else iter(replay)
-        # copy_floor: each replayed staging's copy, its views made before the timed steps
-        self.floor = None
-        if self.kind.copy == "floor_copies":
-            items = list(replay)
-            inputs = [isinstance(item, Snapshot) for item in items]
-            self.floor = FloorCopies(items, [staged_bytes(item) for item in items], inputs, self.dev)
+        self.floor = FloorCopies(replay, self.dev) if self.kind.copy == "floor_copies" else None
         self.filling = True  # until the batch first reaches its size, requests are admitted every step
         self.filled = 0  # rows of the static inputs holding live addresses (the per-field copies pad the rest)
         self.step_index = 0
